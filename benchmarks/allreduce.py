@@ -1,0 +1,318 @@
+"""all_reduce benchmark: gloo vs collx (one group per collx algorithm), CPU float32.
+
+Run from the repository root:
+
+    .venv/bin/torchrun --nproc_per_node=2 benchmarks/allreduce.py
+    .venv/bin/torchrun --nproc_per_node=4 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M,64M
+    .venv/bin/torchrun --nproc_per_node=2 benchmarks/allreduce.py --backends gloo \
+        --max-size 1M --time-per-point 0.1 --json /tmp/ar.json
+
+Every point is checked for correctness first (rank r contributes r+1, the sum must be
+n(n+1)/2), then timed; the reported time is the max over ranks of the mean per-op time.
+busbw = algbw * 2(n-1)/n (nccl-tests convention). Before the collectives, rank 0 measures
+loopback limits (4-byte ping-pong half-RTT, two opposite TCP streams) while the other
+ranks wait at a barrier; %2str = busbw / per-direction two-stream throughput.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+MIN_ITERS, MAX_ITERS = 5, 1000
+
+
+def parse_size(s):
+    s = s.strip().upper().removesuffix("B")
+    unit = s[-1] if s and s[-1] in "KMG" else ""
+    return int(float(s[: len(s) - len(unit)]) * UNITS[unit])
+
+
+# ----------------------------------------------------------------- loopback limits
+_ECHO = """import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+b = bytearray(64)
+while True:
+    n = s.recv_into(b)
+    if not n:
+        break
+    s.sendall(b[:n])
+"""
+
+
+def _tcp_pair():
+    lst = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(lst.getsockname())
+    b, _ = lst.accept()
+    lst.close()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return a, b
+
+
+def loopback_half_rtt_us(rounds=2000, warm=200):
+    """Median half round trip of a 4-byte message to an echo subprocess (no shared GIL)."""
+    lst = socket.create_server(("127.0.0.1", 0))
+    peer = subprocess.Popen([sys.executable, "-c", _ECHO, str(lst.getsockname()[1])])
+    conn, _ = lst.accept()
+    lst.close()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    msg, buf, samples = b"ping", bytearray(4), []
+    try:
+        for i in range(rounds + warm):
+            t0 = time.perf_counter()
+            conn.sendall(msg)
+            got = 0
+            while got < 4:
+                got += conn.recv_into(memoryview(buf)[got:])
+            if i >= warm:
+                samples.append(time.perf_counter() - t0)
+    finally:
+        conn.close()
+        peer.wait(timeout=10)
+    return statistics.median(samples) / 2 * 1e6
+
+
+def loopback_two_streams_gbps(total=256 << 20, chunk=4 << 20, repeats=3):
+    """Two opposite TCP streams at once (one sender + one receiver thread per stream);
+    returns the best over `repeats` of the per-direction GB/s (mean of both streams)."""
+    payload, chunks = memoryview(bytearray(chunk)), max(1, total // chunk)
+
+    def send(s, i, t):
+        t[i] = time.perf_counter()
+        for _ in range(chunks):
+            s.sendall(payload)
+
+    def recv(s, i, t):
+        buf, got = memoryview(bytearray(chunk)), 0
+        while got < chunks * chunk:
+            n = s.recv_into(buf)
+            if not n:
+                raise RuntimeError("loopback stream closed early")
+            got += n
+        t[i] = time.perf_counter()
+
+    best = 0.0
+    for _ in range(repeats):
+        (a0, b0), (a1, b1) = _tcp_pair(), _tcp_pair()  # a0 -> b0 and b1 -> a1
+        t = [0.0] * 4
+        threads = [threading.Thread(target=f, args=(sk, i, t)) for f, sk, i in
+                   ((send, a0, 0), (recv, b0, 1), (send, b1, 2), (recv, a1, 3))]
+        [th.start() for th in threads]
+        [th.join() for th in threads]
+        [sk.close() for sk in (a0, b0, a1, b1)]
+        best = max(best, chunks * chunk / 1e9 * (1 / (t[1] - t[0]) + 1 / (t[3] - t[2])) / 2)
+    return best
+
+
+# ----------------------------------------------------------------- benchmark
+def make_groups(args):
+    groups = []
+    if "gloo" in args.backends:
+        groups.append(("gloo", dist.new_group(backend="gloo")))
+    if "collx" in args.backends:
+        try:
+            import torchcollx
+        except ImportError as e:
+            sys.exit(f"[rank {dist.get_rank()}] cannot import torchcollx ({e}); "
+                     "build it or run with --backends gloo")
+        extra = {k: v for k, v in (("tree_arity", args.tree_arity),
+                                   ("segment_bytes", args.segment_bytes)) if v is not None}
+        for algo in args.algos:
+            opts = torchcollx.Options(algorithm=algo, **extra)
+            groups.append((f"collx/{algo}", dist.new_group(backend="collx", pg_options=opts)))
+    return groups
+
+
+def agreed_max(*xs):
+    """Elementwise max of floats over all ranks, via the gloo default group."""
+    t = torch.tensor(xs, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist() if len(xs) > 1 else t.item()
+
+
+def check(name, group, buf):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    buf.fill_(rank + 1)
+    dist.all_reduce(buf, group=group)
+    want = n * (n + 1) / 2
+    bad = (buf != want).nonzero()
+    if bad.numel():
+        i = bad[0].item()
+        print(f"[rank {rank}] WRONG RESULT {name} size={buf.numel() * 4}B: "
+              f"{bad.numel()}/{buf.numel()} elements differ, e.g. [{i}]={buf[i].item()} "
+              f"expected {want}", file=sys.stderr, flush=True)
+    if agreed_max(1.0 if bad.numel() else 0.0):
+        if rank == 0:
+            print(f"ABORT: {name} returned a wrong all_reduce result at "
+                  f"{buf.numel() * 4} B; not timing a broken backend.", file=sys.stderr)
+        dist.destroy_process_group()
+        sys.exit(1)
+
+
+def run_ops(group, buf, k):
+    """k back-to-back all_reduces; returns the k+1 timestamps around them."""
+    ts = [time.perf_counter()]
+    for _ in range(k):
+        dist.all_reduce(buf, group=group)
+        ts.append(time.perf_counter())
+    return ts
+
+
+def time_point(name, group, nbytes, args):
+    buf = torch.empty(max(1, nbytes // 4), dtype=torch.float32)
+    check(name, group, buf)
+    buf.zero_()  # stays 0 under repeated sums (no overflow / inf)
+    ts = run_ops(group, buf, args.warmup)
+    est = agreed_max((ts[-1] - ts[0]) / args.warmup)
+    k = int(min(200, max(1, 0.2 * args.time_per_point / est)))  # second, longer warmup
+    ts = run_ops(group, buf, k)
+    est = agreed_max((ts[-1] - ts[0]) / k)
+    iters = int(min(MAX_ITERS, max(MIN_ITERS, round(args.time_per_point / est))))
+    dist.barrier(group=group)
+    ts = run_ops(group, buf, iters)
+    p50 = statistics.median(b - a for a, b in zip(ts, ts[1:]))
+    mean, p50 = agreed_max((ts[-1] - ts[0]) / iters, p50)
+    return mean, p50, iters
+
+
+def fmt_row(r):
+    def opt(v, w, d=2):
+        return f"{'-':>{w}}" if v is None else f"{v:>{w}.{d}f}"
+    return (f"{r['bytes']:>12d}  {r['name']:<13s} {r['time_us']:>10.1f} {r['p50_us']:>9.1f} "
+            f"{r['algbw']:>11.4f} "
+            f"{r['busbw']:>11.4f} {opt(r['vs_gloo'], 8)} {opt(r['busbw_x'], 8)} "
+            f"{opt(r['pct_limit'], 6, 1)} {r['iters']:>6d}")
+
+
+HEAD = (f"{'size(B)':>12s}  {'backend/algo':<13s} {'time(us)':>10s} {'p50(us)':>9s} "
+        f"{'algbw(GB/s)':>11s} "
+        f"{'busbw(GB/s)':>11s} {'vs_gloo':>8s} {'busbw_x':>8s} {'%2str':>6s} {'iters':>6s}")
+
+
+def plot(rows, limit, n, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"note: matplotlib unavailable ({e}); skipping plot")
+        return
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 5))
+    for name in dict.fromkeys(r["name"] for r in rows):
+        rs = [r for r in rows if r["name"] == name]
+        style = dict(marker="o", ms=3, label=name, ls="--" if name == "gloo" else "-")
+        ax_t.plot([r["bytes"] for r in rs], [r["time_us"] for r in rs], **style)
+        ax_b.plot([r["bytes"] for r in rs], [r["busbw"] for r in rs], **style)
+    if limit:
+        ax_b.axhline(limit, color="k", ls=":", label=f"loopback 2-stream {limit:.2f} GB/s/dir")
+    for ax, yl in ((ax_t, "time per all_reduce (us)"), (ax_b, "busbw (GB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (B)")
+        ax.set_ylabel(yl)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"all_reduce float32 CPU, world size {n}, torch {torch.__version__}")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot saved to {path}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backends", default="gloo,collx", help="comma list of gloo,collx")
+    p.add_argument("--algos", default="auto,ring,tree,star", help="collx algorithms")
+    p.add_argument("--sizes", help="comma list of byte sizes, K/M/G suffixes ok "
+                   "(default: powers of 4 from 4 B)")
+    p.add_argument("--max-size", default="64M", help="largest size (default 64M)")
+    p.add_argument("--time-per-point", type=float, default=0.5, help="seconds per point")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--tree-arity", type=int, help="passed to torchcollx.Options")
+    p.add_argument("--segment-bytes", type=parse_size, help="passed to torchcollx.Options")
+    p.add_argument("--loopback-mb", type=int, default=256, help="MB per direction")
+    p.add_argument("--no-loopback", action="store_true", help="skip loopback limits")
+    p.add_argument("--plot", help="PNG path (default benchmarks/results/allreduce_n{N}.png; "
+                   "'' to skip)")
+    p.add_argument("--json", help="dump all rows to this JSON file")
+    args = p.parse_args()
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    args.algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    unknown = set(args.backends) - {"gloo", "collx"}
+    if unknown:
+        p.error(f"unknown backend(s) {sorted(unknown)}")
+    max_size = parse_size(args.max_size)
+    sizes = ([parse_size(s) for s in args.sizes.split(",")] if args.sizes
+             else [4 ** k for k in range(1, 14)])
+    sizes = sorted({s for s in sizes if 4 <= s <= max_size})
+
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    rtt_us = limit = None
+    if rank == 0 and not args.no_loopback:  # other ranks sleep in the barrier below
+        rtt_us = loopback_half_rtt_us()
+        limit = loopback_two_streams_gbps(total=args.loopback_mb << 20)
+    dist.barrier()
+    groups = make_groups(args)
+
+    if rank == 0:
+        print(f"# all_reduce benchmark  world_size={n}  torch={torch.__version__}  "
+              f"dtype=float32 device=cpu  cpus={os.cpu_count()}  groups={[g for g, _ in groups]}")
+        if limit is not None:
+            print(f"# loopback: 4-byte ping-pong half-RTT {rtt_us:.1f} us; two opposite TCP "
+                  f"streams {limit:.3f} GB/s per direction")
+        print("# time = mean per op (max over ranks), p50 = median op; busbw = algbw*2(n-1)/n;"
+              " vs_gloo = time/gloo_time (lower is better); busbw_x = busbw/gloo_busbw;"
+              " %2str = busbw/two-stream limit")
+        print(HEAD, flush=True)
+    rows = []
+    for nbytes in sizes:
+        nbytes = max(1, nbytes // 4) * 4
+        gloo_row = None
+        for name, group in groups:  # interleaved: all groups at one size, then next size
+            t, p50, iters = time_point(name, group, nbytes, args)
+            algbw = nbytes / t / 1e9
+            busbw = algbw * 2 * (n - 1) / n
+            r = dict(bytes=nbytes, name=name, time_us=t * 1e6, p50_us=p50 * 1e6, algbw=algbw,
+                     busbw=busbw, iters=iters, vs_gloo=None, busbw_x=None,
+                     pct_limit=100 * busbw / limit if limit else None)
+            if name == "gloo":
+                gloo_row = r
+            elif gloo_row:
+                r["vs_gloo"] = r["time_us"] / gloo_row["time_us"]
+                r["busbw_x"] = r["busbw"] / gloo_row["busbw"]
+            rows.append(r)
+            if rank == 0:
+                print(fmt_row(r), flush=True)
+
+    if rank == 0:
+        for size in sorted({r["bytes"] for r in rows})[-2:] if limit else []:
+            print(f"# busbw / loopback two-stream limit ({limit:.3f} GB/s/dir) at {size} B: "
+                  + ", ".join(f"{r['name']} {r['busbw'] / limit:.1%}"
+                              for r in rows if r["bytes"] == size))
+        path = args.plot if args.plot is not None else str(
+            Path(__file__).resolve().parent / "results" / f"allreduce_n{n}.png")
+        if path and rows:
+            plot(rows, limit, n, path)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            meta = dict(world_size=n, torch=torch.__version__, loopback_half_rtt_us=rtt_us,
+                        loopback_two_stream_gbps=limit)
+            Path(args.json).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+            print(f"rows written to {args.json}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

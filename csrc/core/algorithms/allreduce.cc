@@ -1,0 +1,40 @@
+// All-reduce entry point: resolves auto through the cost model and runs one
+// of ring, tree or star.
+#include <cstring>
+
+#include "../error.h"
+#include "algorithms.h"
+#include "tuning.h"
+
+namespace collx {
+
+namespace {
+constexpr const char* kNames[] = {"auto", "ring", "tree", "star"};
+static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Algorithm::kCount));
+}  // namespace
+
+const char* name(Algorithm a) {
+  return size_t(a) < size_t(Algorithm::kCount) ? kNames[size_t(a)] : "invalid";
+}
+
+Algorithm parseAlgorithm(const char* s) {
+  for (size_t i = 0; i < size_t(Algorithm::kCount); ++i) {
+    if (strcmp(s, kNames[i]) == 0) return Algorithm(i);
+  }
+  throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree or star)"));
+}
+
+Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn) {
+  if (algo == Algorithm::kAuto) {
+    algo = chooseAllreduce(c.size(), c.treeArity, count * elementSize(c.dtype));
+  }
+  switch (algo) {
+    case Algorithm::kRing: ringAllreduce(c, buf, count, fn); break;
+    case Algorithm::kTree: treeAllreduce(c, buf, count, fn); break;
+    case Algorithm::kStar: starAllreduce(c, buf, count, fn); break;
+    default: throw Error(str("collx: invalid all-reduce algorithm ", int(algo)));
+  }
+  return algo;
+}
+
+}  // namespace collx

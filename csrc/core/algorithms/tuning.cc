@@ -1,0 +1,72 @@
+#include "tuning.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "../error.h"
+#include "tree_topology.h"
+
+namespace collx {
+
+namespace {
+
+// Measured on the 2-core development machine over loopback TCP with
+// benchmarks/allreduce.py (see README "Tuning"). One row per algorithm:
+//   latencyUs: cost of one dependent message step (syscalls + wakeup)
+//   bandwidth: bytes/us one rank sustains per direction
+struct Cost {
+  double latencyUs;
+  double bandwidth;
+};
+constexpr Cost kCost[] = {
+    /* auto */ {0, 1},
+    /* ring */ {30.0, 1000.0},
+    /* tree */ {30.0, 1000.0},
+    /* star */ {30.0, 1000.0},
+};
+static_assert(sizeof(kCost) / sizeof(kCost[0]) == size_t(Algorithm::kCount));
+
+// Dependent message steps.
+double steps(Algorithm a, int n, int arity) {
+  switch (a) {
+    case Algorithm::kRing: return 2.0 * (n - 1);
+    case Algorithm::kTree: return 2.0 * treeDepth(n, arity);
+    case Algorithm::kStar: return 2.0;
+    default: return 0;
+  }
+}
+
+// Bytes the busiest rank sends per byte of buffer (pipelined, so depth does
+// not multiply it): ring 2(n-1)/n; a tree node talks to its parent and up to
+// k children; the star root to all n-1 others.
+double factor(Algorithm a, int n, int arity) {
+  switch (a) {
+    case Algorithm::kRing: return 2.0 * (n - 1) / n;
+    case Algorithm::kTree: return 1.0 + std::min(arity, n - 1);
+    case Algorithm::kStar: return n - 1.0;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+double predictAllreduceUs(Algorithm a, int n, int arity, size_t bytes) {
+  if (n <= 1) return 0;
+  const Cost& k = kCost[size_t(a)];
+  return k.latencyUs * steps(a, n, arity) + double(bytes) * factor(a, n, arity) / k.bandwidth;
+}
+
+Algorithm chooseAllreduce(int n, int arity, size_t bytes) {
+  Algorithm best = Algorithm::kRing;
+  double bestUs = std::numeric_limits<double>::infinity();
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar}) {
+    double us = predictAllreduceUs(a, n, arity, bytes);
+    if (us < bestUs) {
+      best = a;
+      bestUs = us;
+    }
+  }
+  return best;
+}
+
+}  // namespace collx

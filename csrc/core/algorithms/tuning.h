@@ -1,0 +1,19 @@
+// Cost model behind Algorithm::kAuto, in the manner of NCCL's tuning.cc:
+// a table of per-algorithm constants and one formula,
+//   time = latency · steps(algo, n) + bytes · factor(algo, n) / bandwidth,
+// and the choice is the argmin.
+#pragma once
+
+#include <cstddef>
+
+#include "algorithms.h"
+
+namespace collx {
+
+// Predicted microseconds for an all-reduce of `bytes` on `n` ranks.
+double predictAllreduceUs(Algorithm algo, int n, int arity, size_t bytes);
+
+// The argmin of predictAllreduceUs over ring, tree and star.
+Algorithm chooseAllreduce(int n, int arity, size_t bytes);
+
+}  // namespace collx

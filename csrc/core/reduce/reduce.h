@@ -1,0 +1,25 @@
+// Type-erased CPU reductions. Algorithms take a ReduceFn and never template
+// on the element type, so they compile once.
+#pragma once
+
+#include <cstddef>
+
+#include "../types.h"
+
+namespace collx {
+
+// dst[i] = op(dst[i], src[i]) for i < count. dst and src do not overlap.
+using ReduceFn = void (*)(void* dst, const void* src, size_t count);
+
+// Throws Error for combinations that have no meaning (bitwise op on floats).
+ReduceFn cpuReduceFn(DataType dtype, ReduceOp op);
+
+// buf[i] *= factor, computed in float64 for float types (PREMUL_SUM).
+// Throws Error for non-floating types.
+void scaleInPlace(DataType dtype, void* buf, size_t count, double factor);
+
+// buf[i] /= divisor (AVG after SUM). Floats divide exactly; integers use C
+// truncating division, as NCCL does. Throws Error for bool.
+void divideInPlace(DataType dtype, void* buf, size_t count, int64_t divisor);
+
+}  // namespace collx

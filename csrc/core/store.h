@@ -1,0 +1,22 @@
+// The key-value store the mesh rendezvous runs over. The glue adapts
+// c10d::Store to it; the C++ tests use an in-memory one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace collx {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // Blocks until the key exists or the timeout passes (then throws).
+  virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // Atomically adds to a counter and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+}  // namespace collx

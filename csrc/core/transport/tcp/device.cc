@@ -1,0 +1,126 @@
+#include "device.h"
+
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "../../error.h"
+#include "rendezvous.h"
+
+namespace collx::tcp {
+
+Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
+    : rank_(rank), size_(size), pairs_(size) {
+  std::vector<Socket> sockets = connectMesh(store, rank, size, options.ifname, options.timeout);
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(sockets[peer]));
+  }
+}
+
+Device::~Device() { close(); }
+
+void Device::close() {
+  for (auto& p : pairs_) {
+    if (p) p->close();
+  }
+  if (error_.empty()) error_ = str("collx rank ", rank_, ": the transport was shut down");
+  pending_ = 0;
+}
+
+void Device::throwIfBroken() const {
+  if (error_.empty()) return;
+  if (errorIsTimeout_) throw TimeoutError(error_);
+  throw Error(error_);
+}
+
+Pair& Device::pair(int peer) {
+  throwIfBroken();
+  COLLX_CHECK(peer >= 0 && peer < size_ && peer != rank_, "collx rank ", rank_, ": invalid peer ",
+              peer, " for a group of size ", size_);
+  return *pairs_[peer];
+}
+
+void Device::postSend(int peer, const Frame& frame, const void* data, size_t bytes,
+                      uint64_t cookie) {
+  pair(peer).postSend(frame, data, bytes, cookie);
+  ++pending_;
+}
+
+void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) {
+  pair(peer).postRecv(frame, data, bytes, cookie);
+  ++pending_;
+}
+
+void Device::progressOnce(std::vector<uint64_t>& done) {
+  size_t before = done.size();
+  for (auto& p : pairs_) {
+    if (!p) continue;
+    if (p->wantsWrite()) p->progressSend(done);
+    if (p->wantsRead()) p->progressRecv(done);
+  }
+  pending_ -= done.size() - before;
+}
+
+void Device::breakWith(const std::exception& e, bool isTimeout) {
+  error_ = e.what();
+  errorIsTimeout_ = isTimeout;
+  // The byte streams are now at unknown positions: nothing more can be matched.
+  for (auto& p : pairs_) {
+    if (p) p->close();
+  }
+  pending_ = 0;
+  if (isTimeout) throw TimeoutError(error_);
+  throw Error(error_);
+}
+
+void Device::timeout() {
+  std::string what;
+  for (auto& p : pairs_) {
+    if (!p || (!p->wantsRead() && !p->wantsWrite())) continue;
+    what += str(what.empty() ? "" : "; ", "peer ", p->peer(), ": ", p->describePending());
+  }
+  breakWith(TimeoutError(str("collx rank ", rank_, ": timed out waiting for ", what)), true);
+}
+
+void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
+  throwIfBroken();
+  std::vector<pollfd> fds;
+  size_t start = done.size();
+  try {
+    for (;;) {
+      progressOnce(done);
+      if (done.size() > start || pending_ == 0) break;
+      fds.clear();
+      for (auto& p : pairs_) {
+        if (!p) continue;
+        short ev = short((p->wantsRead() ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
+        if (ev) fds.push_back({p->fd(), ev, 0});
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) timeout();
+      int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
+      if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
+      if (rc == 0 && Clock::now() >= deadline) timeout();
+    }
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const Error& e) {
+    if (error_.empty()) breakWith(e, false);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(countersMutex_);
+  counters_ = {};
+  for (auto& p : pairs_) {
+    if (!p) continue;
+    counters_.bytesSent += p->bytesSent();
+    counters_.bytesReceived += p->bytesReceived();
+  }
+}
+
+TransportCounters Device::counters() const {
+  std::lock_guard<std::mutex> lock(countersMutex_);
+  return counters_;
+}
+
+}  // namespace collx::tcp

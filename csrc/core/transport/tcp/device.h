@@ -1,0 +1,54 @@
+// The TCP transport of one group: a full mesh of Pairs, set up through the
+// Store, and the poll loop that drives them (the progress engine). Progress
+// runs in the thread that waits, so a collective costs no thread handoffs.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../../store.h"
+#include "pair.h"
+
+namespace collx::tcp {
+
+struct DeviceOptions {
+  std::string ifname;  // COLLX_SOCKET_IFNAME syntax; empty: hostname address
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+};
+
+class Device : public Transport {
+ public:
+  // Connects to every other rank; throws Error/TimeoutError on failure.
+  Device(Store& store, int rank, int size, const DeviceOptions& options);
+  ~Device() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
+                uint64_t cookie) override;
+  void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
+  void waitSome(std::vector<uint64_t>& done, Deadline deadline) override;
+  size_t pending() const override { return pending_; }
+  TransportCounters counters() const override;
+  void close() override;
+
+ private:
+  void throwIfBroken() const;
+  Pair& pair(int peer);
+  void progressOnce(std::vector<uint64_t>& done);
+  [[noreturn]] void breakWith(const std::exception& e, bool timeout);
+  [[noreturn]] void timeout();
+
+  int rank_;
+  int size_;
+  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self
+  size_t pending_ = 0;
+  std::string error_;  // sticky once set
+  bool errorIsTimeout_ = false;
+  mutable std::mutex countersMutex_;  // counters() may be read from another thread
+  TransportCounters counters_;
+};
+
+}  // namespace collx::tcp

@@ -1,0 +1,198 @@
+#include "pair.h"
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "../../error.h"
+
+namespace collx::tcp {
+
+namespace {
+constexpr size_t kRxBufferBytes = 64 << 10;
+// Payload remainders below this go through the receive buffer, so that one
+// recv() picks up several small frames; larger ones are read in place.
+constexpr size_t kDirectReadBytes = 16 << 10;
+constexpr int kMaxIov = 64;
+
+std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, uint64_t bytes) {
+  size_t es = elementSize(dtype);
+  return str(name(kind), " #", seq, " tag ", tag, " (", es ? bytes / es : bytes, " x ",
+             name(dtype), ")");
+}
+}  // namespace
+
+Pair::Pair(int rank, int peer, Socket socket)
+    : rank_(rank), peer_(peer), socket_(std::move(socket)), rx_(kRxBufferBytes) {
+  socket_.setNoDelay();
+  socket_.setNonBlocking(true);
+}
+
+void Pair::postSend(const Frame& f, const void* data, size_t bytes, uint64_t cookie) {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.kind = uint8_t(f.kind);
+  h.dtype = uint8_t(f.dtype);
+  h.tag = f.tag;
+  h.seq = f.seq;
+  h.bytes = bytes;
+  sends_.push_back(SendOp{h, static_cast<const char*>(data), bytes, 0, cookie});
+}
+
+void Pair::postRecv(const Frame& f, void* data, size_t bytes, uint64_t cookie) {
+  recvs_.push_back(RecvOp{f, static_cast<char*>(data), bytes, 0, false, cookie});
+}
+
+void Pair::fail(const std::string& what, int err) const {
+  throw Error(str("collx rank ", rank_, ": connection to peer ", peer_, " ", what,
+                  err ? str(": ", strerror(err)) : std::string()));
+}
+
+void Pair::progressSend(std::vector<uint64_t>& done) {
+  while (!sends_.empty()) {
+    // Gather the unsent parts of the queued messages into one sendmsg.
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = sends_.begin(); it != sends_.end() && n + 2 <= kMaxIov; ++it) {
+      size_t off = it->done;
+      if (off < sizeof(FrameHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&it->header) + off, sizeof(FrameHeader) - off};
+        off = sizeof(FrameHeader);
+      }
+      size_t payloadDone = off - sizeof(FrameHeader);
+      if (payloadDone < it->bytes) {
+        iov[n++] = {const_cast<char*>(it->data) + payloadDone, it->bytes - payloadDone};
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t rc = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      fail("failed while sending", errno);
+    }
+    // Retire fully written messages.
+    size_t left = size_t(rc);
+    while (left > 0) {
+      SendOp& op = sends_.front();
+      size_t total = sizeof(FrameHeader) + op.bytes;
+      size_t take = std::min(left, total - op.done);
+      // Count payload bytes only, not the header.
+      bytesSent_ += std::max(op.done + take, sizeof(FrameHeader)) -
+                    std::max(op.done, sizeof(FrameHeader));
+      op.done += take;
+      left -= take;
+      if (op.done == total) {
+        done.push_back(op.cookie);
+        sends_.pop_front();
+      }
+    }
+  }
+}
+
+bool Pair::fill(size_t want) {
+  if (rxEnd_ - rxBegin_ >= want) return true;
+  if (rxBegin_ > 0) {
+    memmove(rx_.data(), rx_.data() + rxBegin_, rxEnd_ - rxBegin_);
+    rxEnd_ -= rxBegin_;
+    rxBegin_ = 0;
+  }
+  while (rxEnd_ < want) {
+    ssize_t rc = ::recv(socket_.fd(), rx_.data() + rxEnd_, rx_.size() - rxEnd_, MSG_DONTWAIT);
+    if (rc > 0) {
+      rxEnd_ += size_t(rc);
+    } else if (rc == 0) {
+      fail("was closed by the peer (peer process exited or destroyed its group)", 0);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return false;
+    } else if (errno != EINTR) {
+      fail("failed while receiving", errno);
+    }
+  }
+  return true;
+}
+
+void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) const {
+  if (h.magic != kFrameMagic) {
+    throw Error(str("collx rank ", rank_, ": corrupt frame from peer ", peer_,
+                    " (bad magic) while expecting ",
+                    describe(op.expect.kind, op.expect.dtype, op.expect.seq, op.expect.tag,
+                             op.bytes)));
+  }
+  if (h.kind != uint8_t(op.expect.kind) || h.dtype != uint8_t(op.expect.dtype) ||
+      h.seq != op.expect.seq || h.tag != op.expect.tag || h.bytes != op.bytes) {
+    throw Error(str("collx rank ", rank_, ": mismatched collective with peer ", peer_,
+                    ": peer sent ",
+                    describe(OpKind(h.kind), DataType(h.dtype), h.seq, h.tag, h.bytes),
+                    ", this rank expected ",
+                    describe(op.expect.kind, op.expect.dtype, op.expect.seq, op.expect.tag,
+                             op.bytes),
+                    ". Every rank must call the same collectives in the same order with the "
+                    "same sizes and dtypes."));
+  }
+}
+
+void Pair::progressRecv(std::vector<uint64_t>& done) {
+  while (!recvs_.empty()) {
+    RecvOp& op = recvs_.front();
+    if (!op.headerDone) {
+      if (!fill(sizeof(FrameHeader))) return;
+      FrameHeader h;
+      memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+      rxBegin_ += sizeof(h);
+      checkHeader(h, op);
+      op.headerDone = true;
+    }
+    while (op.got < op.bytes) {
+      size_t left = op.bytes - op.got;
+      size_t buffered = rxEnd_ - rxBegin_;
+      if (buffered > 0) {
+        size_t take = std::min(buffered, left);
+        memcpy(op.data + op.got, rx_.data() + rxBegin_, take);
+        rxBegin_ += take;
+        op.got += take;
+        bytesReceived_ += take;
+        continue;
+      }
+      if (left < kDirectReadBytes) {
+        if (!fill(1)) return;
+        continue;
+      }
+      ssize_t rc = ::recv(socket_.fd(), op.data + op.got, left, MSG_DONTWAIT);
+      if (rc > 0) {
+        op.got += size_t(rc);
+        bytesReceived_ += size_t(rc);
+      } else if (rc == 0) {
+        fail("was closed by the peer (peer process exited or destroyed its group)", 0);
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return;
+      } else if (errno != EINTR) {
+        fail("failed while receiving", errno);
+      }
+    }
+    done.push_back(op.cookie);
+    recvs_.pop_front();
+  }
+}
+
+std::string Pair::describePending() const {
+  std::string s;
+  if (!recvs_.empty()) {
+    const RecvOp& r = recvs_.front();
+    s += str("receive of ", describe(r.expect.kind, r.expect.dtype, r.expect.seq, r.expect.tag, r.bytes),
+             " (", r.got, " of ", r.bytes, " bytes arrived)");
+  }
+  if (!sends_.empty()) {
+    const SendOp& o = sends_.front();
+    if (!s.empty()) s += " and ";
+    s += str("send of ", describe(OpKind(o.header.kind), DataType(o.header.dtype), o.header.seq,
+                                   o.header.tag, o.bytes));
+  }
+  return s;
+}
+
+}  // namespace collx::tcp

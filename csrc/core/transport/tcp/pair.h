@@ -1,0 +1,78 @@
+// One TCP connection to one peer, as a non-blocking state machine: a queue of
+// sends (header + payload, batched into sendmsg) and a queue of receives that
+// match arriving frames in order. The Device's poll loop drives it.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "socket.h"
+#include "wire.h"
+
+namespace collx::tcp {
+
+class Pair {
+ public:
+  Pair(int rank, int peer, Socket socket);
+
+  int fd() const { return socket_.fd(); }
+  int peer() const { return peer_; }
+  bool wantsWrite() const { return !sends_.empty(); }
+  bool wantsRead() const { return !recvs_.empty(); }
+
+  void postSend(const Frame& frame, const void* data, size_t bytes, uint64_t cookie);
+  void postRecv(const Frame& frame, void* data, size_t bytes, uint64_t cookie);
+
+  // Move as many bytes as the socket takes without blocking; append cookies of
+  // completed ops. Throw Error when the peer is gone or sent a wrong frame.
+  void progressSend(std::vector<uint64_t>& done);
+  void progressRecv(std::vector<uint64_t>& done);
+
+  // A short description of what this pair still waits for, for timeouts.
+  std::string describePending() const;
+
+  uint64_t bytesSent() const { return bytesSent_; }
+  uint64_t bytesReceived() const { return bytesReceived_; }
+
+  void close() { socket_.reset(); }
+
+ private:
+  struct SendOp {
+    FrameHeader header;
+    const char* data;
+    size_t bytes;
+    size_t done;  // of sizeof(header) + bytes
+    uint64_t cookie;
+  };
+  struct RecvOp {
+    Frame expect;
+    char* data;
+    size_t bytes;
+    size_t got;
+    bool headerDone;
+    uint64_t cookie;
+  };
+
+  // Ensures at least `want` bytes sit in the receive buffer; false if the
+  // socket has no more right now.
+  bool fill(size_t want);
+  void checkHeader(const FrameHeader& h, const RecvOp& op) const;
+  [[noreturn]] void fail(const std::string& what, int err) const;
+
+  int rank_;
+  int peer_;
+  Socket socket_;
+  std::deque<SendOp> sends_;
+  std::deque<RecvOp> recvs_;
+
+  // Small frames arrive several per recv(); large payloads bypass this buffer.
+  std::vector<char> rx_;
+  size_t rxBegin_ = 0;
+  size_t rxEnd_ = 0;
+
+  uint64_t bytesSent_ = 0;
+  uint64_t bytesReceived_ = 0;
+};
+
+}  // namespace collx::tcp

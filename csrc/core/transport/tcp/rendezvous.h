@@ -1,0 +1,25 @@
+// Builds the full mesh of connections for one group through the Store.
+//
+//   1. generation = (store.add("collx/generation", 1) - 1) / size. Group names
+//      are reused after destroy; the generation keeps a re-init from reading
+//      the addresses of the previous incarnation.
+//   2. rank 0 draws a random token and publishes it; every hello carries it.
+//   3. every rank listens on an ephemeral port and publishes "host:port".
+//   4. rank r connects to every rank below it and accepts every rank above
+//      it. A connection whose hello is not ours (wrong magic, token, rank or
+//      generation; garbage; silence) is dropped and accepting goes on.
+//   5. the listener closes; nobody else can connect afterwards.
+#pragma once
+
+#include <vector>
+
+#include "../../store.h"
+#include "socket.h"
+
+namespace collx::tcp {
+
+// Returns one connected socket per peer (invalid at index `rank`).
+std::vector<Socket> connectMesh(Store& store, int rank, int size, const std::string& ifname,
+                                std::chrono::milliseconds timeout);
+
+}  // namespace collx::tcp

@@ -1,0 +1,66 @@
+// Thin RAII and helpers over POSIX TCP sockets: listen, connect with retry,
+// blocking exact reads/writes with a deadline (for the handshake only), and
+// the choice of the address a rank publishes.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <string>
+
+#include "../transport.h"
+
+namespace collx::tcp {
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& o) noexcept : fd_(o.release()) {}
+  Socket& operator=(Socket&& o) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  ~Socket() { reset(); }
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release();
+  void reset();
+
+  void setNonBlocking(bool on);
+  void setNoDelay();
+
+ private:
+  int fd_ = -1;
+};
+
+// A socket address that prints as "host:port" and travels through the Store
+// as that string.
+struct Address {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+
+  std::string str() const;
+  static Address parse(const std::string& s);  // "host:port", "[v6]:port"
+  int port() const;
+  void setPort(int port);
+};
+
+// The address this rank listens on: from `ifnameSpec` (COLLX_SOCKET_IFNAME
+// syntax: "eth0,eth1" picks by prefix, "^docker,lo" excludes) or else the
+// address the hostname resolves to, or else loopback.
+Address chooseAddress(const std::string& ifnameSpec);
+
+// Listens on `addr` with an ephemeral port; `addr` gets the bound port.
+Socket listenOn(Address& addr);
+
+// Connects, retrying refused connections until the deadline.
+Socket connectTo(const Address& addr, Deadline deadline);
+
+// Accepts one connection, waiting until the deadline (throws TimeoutError).
+Socket acceptFrom(const Socket& listener, Deadline deadline);
+
+// Blocking exact transfers that give up at the deadline; false on EOF/error.
+bool writeAll(const Socket& s, const void* data, size_t n, Deadline deadline);
+bool readAll(const Socket& s, void* data, size_t n, Deadline deadline);
+
+}  // namespace collx::tcp

@@ -1,0 +1,72 @@
+// The abstract transport: framed, ordered point-to-point messages between the
+// ranks of one group. Algorithms see only this interface; tcp/ implements it.
+//
+// Every message carries a Frame (op kind, dtype, sequence number, tag) and its
+// byte count. The receiver posts what it expects; a peer sending anything else
+// is reported as a mismatched collective, before a byte reaches user memory.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../types.h"
+
+namespace collx {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+struct Frame {
+  OpKind kind;
+  DataType dtype;
+  uint64_t seq;  // collective sequence number of the group
+  uint32_t tag;  // algorithm-defined, e.g. step and segment
+};
+
+struct TransportCounters {
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Queue one message to / from `peer`. Messages to a peer leave in post
+  // order; receives from a peer match arriving messages in post order. The
+  // buffer must stay valid until waitSome returns the op's cookie.
+  virtual void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
+                        uint64_t cookie) = 0;
+  virtual void postRecv(int peer, const Frame& frame, void* data, size_t bytes,
+                        uint64_t cookie) = 0;
+
+  // Drives every posted op until at least one completes; appends the cookies
+  // of the completed ops to `done`. Throws Error on a dead peer or mismatched
+  // frame and TimeoutError at the deadline. After an error the transport is
+  // broken: queued ops are dropped and every later call throws the same error.
+  virtual void waitSome(std::vector<uint64_t>& done, Deadline deadline) = 0;
+
+  // Number of posted ops not yet returned by waitSome.
+  virtual size_t pending() const = 0;
+
+  virtual TransportCounters counters() const = 0;
+
+  // Closes every connection; later calls throw. Safe to call twice.
+  virtual void close() = 0;
+};
+
+// Waits until no op is pending.
+inline void waitAll(Transport& t, Deadline deadline) {
+  std::vector<uint64_t> done;
+  while (t.pending() > 0) {
+    done.clear();
+    t.waitSome(done, deadline);
+  }
+}
+
+}  // namespace collx

@@ -1,0 +1,52 @@
+// Element types, reduce ops and op kinds shared by every core layer.
+// Small integers on purpose: they travel in frame headers and index tables.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace collx {
+
+enum class DataType : uint8_t {
+  kFloat32 = 0,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kInt8,
+  kUInt8,
+  kInt32,
+  kInt64,
+  kBool,
+  kCount,
+};
+
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kProduct,
+  kMin,
+  kMax,
+  kBand,
+  kBor,
+  kBxor,
+  kCount,
+};
+
+// What a frame belongs to; a peer sending another kind than expected is a
+// mismatched collective, reported instead of corrupting data.
+enum class OpKind : uint8_t {
+  kAllreduce = 0,
+  kBroadcast,
+  kAllgather,
+  kBarrier,
+  kHello,
+  kCount,
+};
+
+size_t elementSize(DataType t);
+bool isFloating(DataType t);
+const char* name(DataType t);
+const char* name(ReduceOp op);
+const char* name(OpKind k);
+
+}  // namespace collx

@@ -1,0 +1,123 @@
+// Every dtype x op of the CPU reduce functions against a scalar reference,
+// plus the errors for meaningless combinations.
+#include <cmath>
+#include <cstring>
+
+#include "../../csrc/core/error.h"
+#include "../../csrc/core/reduce/reduce.h"
+#include "check.h"
+
+using namespace collx;
+
+namespace {
+
+template <typename T>
+void checkIntegral(DataType dt) {
+  const size_t n = 1031;  // not a multiple of any vector width
+  std::vector<T> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = T(i * 7 + 3);
+    b[i] = T(i * 5 + 1);
+  }
+  struct Case { ReduceOp op; T (*ref)(T, T); };
+  const Case cases[] = {
+      {ReduceOp::kSum, [](T x, T y) { return T(x + y); }},
+      {ReduceOp::kProduct, [](T x, T y) { return T(x * y); }},
+      {ReduceOp::kMin, [](T x, T y) { return std::min(x, y); }},
+      {ReduceOp::kMax, [](T x, T y) { return std::max(x, y); }},
+      {ReduceOp::kBand, [](T x, T y) { return T(x & y); }},
+      {ReduceOp::kBor, [](T x, T y) { return T(x | y); }},
+      {ReduceOp::kBxor, [](T x, T y) { return T(x ^ y); }},
+  };
+  for (const Case& c : cases) {
+    std::vector<T> d = a;
+    cpuReduceFn(dt, c.op)(d.data(), b.data(), n);
+    for (size_t i = 0; i < n; ++i) CHECK(d[i] == c.ref(a[i], b[i]), name(dt), " ", name(c.op), " i=", i);
+  }
+}
+
+template <typename T>
+void checkFloat(DataType dt) {
+  const size_t n = 1031;
+  std::vector<T> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = T(double(i % 13) - 6);
+    b[i] = T(double(i % 7) - 3);
+  }
+  std::vector<T> d = a;
+  cpuReduceFn(dt, ReduceOp::kSum)(d.data(), b.data(), n);
+  for (size_t i = 0; i < n; ++i) CHECK(d[i] == a[i] + b[i], name(dt), " sum i=", i);
+  d = a;
+  cpuReduceFn(dt, ReduceOp::kMin)(d.data(), b.data(), n);
+  for (size_t i = 0; i < n; ++i) CHECK(d[i] == std::min(a[i], b[i]), name(dt), " min");
+  d = a;
+  d[5] = T(NAN);
+  cpuReduceFn(dt, ReduceOp::kMax)(d.data(), b.data(), n);
+  CHECK(std::isnan(double(d[5])), "max propagates NaN");
+  d = a;
+  divideInPlace(dt, d.data(), n, 4);
+  for (size_t i = 0; i < n; ++i) CHECK(d[i] == a[i] / T(4), name(dt), " divide");
+  d = a;
+  scaleInPlace(dt, d.data(), n, 0.5);
+  for (size_t i = 0; i < n; ++i) CHECK(d[i] == a[i] * T(0.5), name(dt), " scale");
+}
+
+// 16-bit floats through their float32 value; inputs chosen exactly representable.
+void checkHalf(DataType dt, uint16_t (*enc)(float), float (*dec)(uint16_t)) {
+  const size_t n = 517;
+  std::vector<uint16_t> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = enc(float(i % 17) - 8);
+    b[i] = enc(float(i % 5) * 0.5f);
+  }
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+    std::vector<uint16_t> d = a;
+    cpuReduceFn(dt, op)(d.data(), b.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      float x = dec(a[i]), y = dec(b[i]);
+      float want = op == ReduceOp::kSum ? x + y : op == ReduceOp::kProduct ? x * y
+                 : op == ReduceOp::kMin ? std::min(x, y) : std::max(x, y);
+      CHECK(dec(d[i]) == want, name(dt), " ", name(op), " i=", i, " got ", dec(d[i]), " want ", want);
+    }
+  }
+}
+
+uint16_t bf16Enc(float f) { uint32_t u; memcpy(&u, &f, 4); return uint16_t(u >> 16); }
+float bf16Dec(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; memcpy(&f, &u, 4); return f; }
+uint16_t f16Enc(float f) { _Float16 h = _Float16(f); uint16_t u; memcpy(&u, &h, 2); return u; }
+float f16Dec(uint16_t u) { _Float16 h; memcpy(&h, &u, 2); return float(h); }
+
+bool throws(const std::function<void()>& fn) {
+  try { fn(); } catch (const Error&) { return true; }
+  return false;
+}
+
+}  // namespace
+
+int main() {
+  checkIntegral<int8_t>(DataType::kInt8);
+  checkIntegral<uint8_t>(DataType::kUInt8);
+  checkIntegral<int32_t>(DataType::kInt32);
+  checkIntegral<int64_t>(DataType::kInt64);
+  checkFloat<float>(DataType::kFloat32);
+  checkFloat<double>(DataType::kFloat64);
+  checkHalf(DataType::kBFloat16, bf16Enc, bf16Dec);
+  checkHalf(DataType::kFloat16, f16Enc, f16Dec);
+
+  // bool: SUM/MAX are OR, PRODUCT/MIN are AND, results stay 0/1.
+  uint8_t x[4] = {0, 0, 1, 1}, y[4] = {0, 1, 0, 1};
+  uint8_t d[4];
+  memcpy(d, x, 4);
+  cpuReduceFn(DataType::kBool, ReduceOp::kSum)(d, y, 4);
+  CHECK(d[0] == 0 && d[1] == 1 && d[2] == 1 && d[3] == 1, "bool sum");
+  memcpy(d, x, 4);
+  cpuReduceFn(DataType::kBool, ReduceOp::kProduct)(d, y, 4);
+  CHECK(d[0] == 0 && d[1] == 0 && d[2] == 0 && d[3] == 1, "bool product");
+
+  CHECK(throws([] { cpuReduceFn(DataType::kFloat32, ReduceOp::kBand); }), "bitwise on float");
+  CHECK(throws([] { cpuReduceFn(DataType::kBFloat16, ReduceOp::kBxor); }), "bitwise on bf16");
+  CHECK(throws([] { int v = 0; scaleInPlace(DataType::kInt32, &v, 1, 2.0); }), "premul on int");
+  CHECK(throws([] { uint8_t v = 0; divideInPlace(DataType::kBool, &v, 1, 2); }), "avg on bool");
+  std::printf("reduce: all dtypes and ops ok\n");
+  return 0;
+}
