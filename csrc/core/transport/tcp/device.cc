@@ -1,6 +1,7 @@
 #include "device.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
@@ -20,12 +21,25 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
 
 Device::~Device() { close(); }
 
-void Device::close() {
+void Device::closeSockets() {
+  std::lock_guard<std::mutex> lock(socketsMutex_);
   for (auto& p : pairs_) {
     if (p) p->close();
   }
-  if (error_.empty()) error_ = str("collx rank ", rank_, ": the transport was shut down");
+}
+
+void Device::close() {
+  closeSockets();
+  if (error_.empty()) error_ = str("collx rank ", rank_, ": the process group was shut down");
   pending_ = 0;
+}
+
+void Device::interrupt() {
+  interrupted_ = true;
+  std::lock_guard<std::mutex> lock(socketsMutex_);
+  for (auto& p : pairs_) {
+    if (p && p->fd() >= 0) ::shutdown(p->fd(), SHUT_RDWR);
+  }
 }
 
 void Device::throwIfBroken() const {
@@ -63,15 +77,14 @@ void Device::progressOnce(std::vector<uint64_t>& done) {
 }
 
 void Device::breakWith(const std::exception& e, bool isTimeout) {
-  error_ = e.what();
-  errorIsTimeout_ = isTimeout;
+  error_ = interrupted_ ? str("collx rank ", rank_, ": the process group was shut down while this op was in flight")
+                       : std::string(e.what());
+  errorIsTimeout_ = isTimeout && !interrupted_;
   // The byte streams are now at unknown positions: nothing more can be matched.
-  for (auto& p : pairs_) {
-    if (p) p->close();
-  }
+  closeSockets();
   pending_ = 0;
-  if (isTimeout) throw TimeoutError(error_);
-  throw Error(error_);
+  throwIfBroken();
+  throw Error(error_);  // unreachable: error_ is set
 }
 
 void Device::timeout() {

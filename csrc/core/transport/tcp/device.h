@@ -3,6 +3,7 @@
 // runs in the thread that waits, so a collective costs no thread handoffs.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,8 +35,13 @@ class Device : public Transport {
   TransportCounters counters() const override;
   void close() override;
 
+  // Thread-safe: makes a waitSome blocked in another thread fail promptly
+  // with "shut down" (used by Backend::shutdown with an op in flight).
+  void interrupt();
+
  private:
   void throwIfBroken() const;
+  void closeSockets();
   Pair& pair(int peer);
   void progressOnce(std::vector<uint64_t>& done);
   [[noreturn]] void breakWith(const std::exception& e, bool timeout);
@@ -47,6 +53,8 @@ class Device : public Transport {
   size_t pending_ = 0;
   std::string error_;  // sticky once set
   bool errorIsTimeout_ = false;
+  std::mutex socketsMutex_;  // close() vs interrupt() from another thread
+  std::atomic<bool> interrupted_{false};
   mutable std::mutex countersMutex_;  // counters() may be read from another thread
   TransportCounters counters_;
 };

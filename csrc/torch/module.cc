@@ -1,0 +1,66 @@
+// The _C extension module: a backend factory and the stats accessor.
+// Registration with torch.distributed happens in torchcollx/__init__.py.
+#include <torch/python.h>
+
+#include "backend.h"
+#include "core/error.h"
+
+namespace py = pybind11;
+using collx::torch_glue::CollxBackend;
+
+namespace {
+
+c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                int size, double timeoutSeconds, const std::string& algorithm,
+                                                int treeArity, int64_t segmentBytes, const std::string& ifname) {
+  collx::torch_glue::Config config;
+  try {
+    config.algorithm = collx::parseAlgorithm(algorithm.c_str());
+  } catch (const collx::Error& e) {
+    throw py::value_error(e.what());
+  }
+  config.treeArity = treeArity;
+  config.segmentBytes = size_t(segmentBytes);
+  config.ifname = ifname;
+  auto timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
+  py::gil_scoped_release release;  // the rendezvous blocks on the Store and the peers
+  return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config));
+}
+
+py::dict statsOf(const CollxBackend& b) {
+  collx::torch_glue::Stats s = b.stats();
+  py::dict algos;
+  for (const auto& [label, op] : s.perAlgorithm) {
+    py::dict d;
+    d["calls"] = op.calls;
+    d["seconds"] = op.seconds;
+    algos[py::str(label)] = d;
+  }
+  py::dict out;
+  out["ops"] = s.ops;
+  out["bytes_sent"] = s.bytesSent;
+  out["bytes_received"] = s.bytesReceived;
+  out["algorithms"] = algos;
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "collx: a TCP collective backend for torch.distributed";
+  py::class_<CollxBackend, c10d::Backend, c10::intrusive_ptr<CollxBackend>>(m, "CollxBackend")
+      .def("stats", &statsOf, "Counters of this group: ops, bytes, calls and seconds per algorithm.")
+      .def_property_readonly("algorithm", [](const CollxBackend& b) { return collx::name(b.config().algorithm); })
+      .def_property_readonly("tree_arity", [](const CollxBackend& b) { return b.config().treeArity; })
+      .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; });
+  m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
+        py::arg("ifname"));
+  m.attr("cuda_kernels") = py::bool_(
+#ifdef COLLX_WITH_CUDA
+      true
+#else
+      false
+#endif
+  );
+}

@@ -1,0 +1,22 @@
+#include "work.h"
+
+namespace collx::torch_glue {
+
+CollxWork::CollxWork(c10d::OpType type, const char* profilingTitle,
+                     std::vector<at::Tensor> outputs, uint64_t seq)
+    : c10d::Work(-1, type, profilingTitle),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))),
+      seq_(seq) {}
+
+void CollxWork::complete(std::exception_ptr error) {
+  finish(error);  // takes and releases c10d::Work's own mutex
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+}  // namespace collx::torch_glue

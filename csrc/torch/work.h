@@ -1,0 +1,30 @@
+// The Work handed back for every collective. c10d::Work already holds the
+// completion state (mutex, cv, exception) and implements wait(); this adds the
+// Future DDP needs, completed outside every lock of ours, because .then()
+// callbacks run on the completing thread and take the GIL.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace collx::torch_glue {
+
+class CollxWork : public c10d::Work {
+ public:
+  CollxWork(c10d::OpType type, const char* profilingTitle, std::vector<at::Tensor> outputs,
+            uint64_t seq);
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  // Marks the work done (or failed) and then completes the Future.
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  uint64_t seq_;
+};
+
+}  // namespace collx::torch_glue
