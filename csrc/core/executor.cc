@@ -8,27 +8,64 @@ Executor::Executor() : thread_([this] { loop(); }) {}
 
 Executor::~Executor() { shutdown("the collx executor was destroyed"); }
 
-void Executor::submit(Task task) {
+uint64_t Executor::submit(Task task) {
+  uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    COLLX_CHECK(!stopping_, "collx: the process group was shut down; no more work is accepted");
+    COLLX_CHECK(!stopping_, "the process group was shut down; no more work is accepted");
     queue_.push_back(std::move(task));
+    id = nextId_++;
   }
-  cv_.notify_one();
+  cv_.notify_all();
+  return id;
+}
+
+bool Executor::take(std::unique_lock<std::mutex>&, uint64_t limit, Task& task) {
+  if (running_ || queue_.empty() || frontId_ > limit) return false;
+  task = std::move(queue_.front());
+  queue_.pop_front();
+  ++frontId_;
+  running_ = true;
+  return true;
+}
+
+void Executor::finished() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();
+}
+
+void Executor::runUntil(uint64_t id) {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!take(lock, id, task)) return;
+    }
+    task.run();
+    finished();
+  }
 }
 
 void Executor::shutdown(const std::string& why) {
   std::deque<Task> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
     dropped.swap(queue_);
+    frontId_ = nextId_;
   }
-  cv_.notify_one();
+  cv_.notify_all();
   // Cancel outside the lock: cancel callbacks complete futures.
   for (auto& t : dropped) t.cancel(why);
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();  // the last owner let go from inside a task
+  } else {
+    thread_.join();
+  }
 }
 
 void Executor::loop() {
@@ -36,12 +73,11 @@ void Executor::loop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      cv_.wait(lock, [&] { return (stopping_ && !running_) || (!running_ && !queue_.empty()); });
+      if (!take(lock, UINT64_MAX, task)) return;  // stopping and drained
     }
     task.run();
+    finished();
   }
 }
 

@@ -61,7 +61,7 @@ CollxBackend::~CollxBackend() { shutdown(); }
 void CollxBackend::shutdown() {
   // An op still in flight is failed, not waited for: its peers may be gone.
   device_->interrupt();
-  executor_.shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
+  executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
   device_->close();
 }
 
@@ -93,7 +93,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::enqueue(c10d::OpType type, OpKind k
   };
   task.cancel = [work, describe](const std::string& why) { work->complete(distError(describe() + why)); };
   asDistError(name(kind), rank_, [&] {
-    executor_.submit(std::move(task));
+    work->attach(executor_, executor_->submit(std::move(task)));
     return 0;
   });
   return work;

@@ -83,7 +83,8 @@ class CollxBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   mutable std::mutex statsMutex_;
   Stats stats_;
-  Executor executor_;  // last member: its thread stops before the rest goes away
+  // Shared with the Works, which may run their op inline (see Executor).
+  std::shared_ptr<Executor> executor_ = std::make_shared<Executor>();
 };
 
 }  // namespace collx::torch_glue

@@ -10,6 +10,16 @@ CollxWork::CollxWork(c10d::OpType type, const char* profilingTitle,
           c10::ListType::create(c10::TensorType::get()))),
       seq_(seq) {}
 
+void CollxWork::attach(std::shared_ptr<Executor> executor, uint64_t taskId) {
+  executor_ = std::move(executor);
+  taskId_ = taskId;
+}
+
+bool CollxWork::wait(std::chrono::milliseconds timeout) {
+  if (executor_) executor_->runUntil(taskId_);
+  return c10d::Work::wait(timeout);
+}
+
 void CollxWork::complete(std::exception_ptr error) {
   finish(error);  // takes and releases c10d::Work's own mutex
   if (error) {

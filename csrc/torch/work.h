@@ -7,6 +7,10 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <memory>
+
+#include "core/executor.h"
+
 namespace collx::torch_glue {
 
 class CollxWork : public c10d::Work {
@@ -18,10 +22,18 @@ class CollxWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   uint64_t getSequencenumber() const override { return seq_; }
 
+  // A caller about to block runs the op itself when the group is idle.
+  bool wait(std::chrono::milliseconds timeout) override;
+
+  // Which executor task this is, for wait() to run it inline.
+  void attach(std::shared_ptr<Executor> executor, uint64_t taskId);
+
   // Marks the work done (or failed) and then completes the Future.
   void complete(std::exception_ptr error);
 
  private:
+  std::shared_ptr<Executor> executor_;
+  uint64_t taskId_ = 0;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   uint64_t seq_;
