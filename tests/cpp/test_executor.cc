@@ -25,7 +25,13 @@ int main() {
                                [](const std::string&) {}}));
       if (i % 7 == 0) ex.runUntil(ids.back());
     }
-    ex.runUntil(ids.back());
+    // runUntil returns early while the executor thread is busy; wait for the rest.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      ex.runUntil(ids.back());
+      std::lock_guard<std::mutex> lock(mu);
+      if (order.size() == 200 || std::chrono::steady_clock::now() > deadline) break;
+    }
     ex.shutdown("done");
     CHECK(order.size() == 200, "every task ran once: ", order.size());
     for (int i = 0; i < 200; ++i) CHECK(order[i] == i, "in order at ", i);

@@ -1,0 +1,61 @@
+# The project's front door. Both targets set themselves up from a fresh clone:
+# a venv with torch, the extension built against it, then the job.
+#   make demo   DDP training over collx on 4 local ranks, then collx vs gloo
+#   make test   C++ core tests, then the Python multi-process tests
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.14.1
+CMAKE ?= cmake
+CTEST ?= ctest
+export MAX_JOBS ?= 2
+
+PY := $(VENV)/bin/python
+TORCHRUN := $(VENV)/bin/torchrun
+SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
+
+.PHONY: demo test test-cpp test-py bench sanitize setup build clean
+
+demo: build
+	$(TORCHRUN) --nproc_per_node=4 examples/train_ddp.py
+	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M --time-per-point 0.3
+	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M --time-per-point 0.3
+
+test: build test-cpp test-py
+
+setup: $(VENV)/.ready
+$(VENV)/.ready:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	$(VENV)/bin/pip install -q $(TORCH) numpy pytest ninja matplotlib
+	touch $@
+
+build: $(VENV)/.built
+$(VENV)/.built: $(VENV)/.ready $(SOURCES)
+	$(VENV)/bin/pip install -q --no-build-isolation -e .
+	$(PY) -c "import torchcollx, torch; print('torchcollx built against torch', torch.__version__, '| CUDA kernels:', torchcollx._C.cuda_kernels)"
+	touch $@
+
+build/core/build.ninja: $(VENV)/.ready CMakeLists.txt
+	$(CMAKE) -S . -B build/core -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja)
+
+test-cpp: build/core/build.ninja
+	$(CMAKE) --build build/core -j $(MAX_JOBS)
+	$(CTEST) --test-dir build/core --output-on-failure
+
+test-py: build
+	$(PY) -m pytest tests -q --durations=10
+
+bench: build
+	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py
+	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py
+
+# The C++ core under AddressSanitizer and ThreadSanitizer.
+sanitize: $(VENV)/.ready
+	for s in address thread; do \
+	  $(CMAKE) -S . -B build/$$s -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) -DCOLLX_SANITIZE=$$s && \
+	  $(CMAKE) --build build/$$s -j $(MAX_JOBS) && \
+	  $(CTEST) --test-dir build/$$s --output-on-failure || exit 1; \
+	done
+
+clean:
+	rm -rf build torchcollx/_C*.so *.egg-info $(VENV)/.built
