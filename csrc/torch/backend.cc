@@ -75,7 +75,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::enqueue(c10d::OpType type, OpKind k
   };
   Executor::Task task;
   task.run = [this, work, kind, dtype, seq, timeout, body = std::move(body), describe] {
-    Collective c{*device_, kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity};
+    Collective c{*device_, kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
+                 workspace_};
     std::exception_ptr error;
     auto start = Clock::now();
     try {

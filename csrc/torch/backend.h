@@ -81,6 +81,7 @@ class CollxBackend : public c10d::Backend {
   const std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Device> device_;
   std::atomic<uint64_t> seq_{0};
+  Workspace workspace_;  // used by the one op running at a time
   mutable std::mutex statsMutex_;
   Stats stats_;
   // Shared with the Works, which may run their op inline (see Executor).

@@ -21,12 +21,13 @@ bool CollxWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void CollxWork::complete(std::exception_ptr error) {
-  finish(error);  // takes and releases c10d::Work's own mutex
+  // The Future first: once wait() returns, get_future() must be done too.
   if (error) {
     future_->setError(error);
   } else {
     future_->markCompleted(c10::IValue(outputs_));
   }
+  finish(error);  // takes and releases c10d::Work's own mutex
 }
 
 }  // namespace collx::torch_glue

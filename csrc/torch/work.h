@@ -28,7 +28,7 @@ class CollxWork : public c10d::Work {
   // Which executor task this is, for wait() to run it inline.
   void attach(std::shared_ptr<Executor> executor, uint64_t taskId);
 
-  // Marks the work done (or failed) and then completes the Future.
+  // Completes the Future, then marks the work done (or failed).
   void complete(std::exception_ptr error);
 
  private:

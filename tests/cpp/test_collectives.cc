@@ -25,7 +25,8 @@ struct Group {
 };
 
 Collective make(tcp::Device& d, OpKind kind, DataType dtype, uint64_t seq, size_t seg, int arity) {
-  return Collective{d, kind, dtype, seq, Clock::now() + std::chrono::seconds(60), seg, arity};
+  thread_local Workspace workspace;
+  return Collective{d, kind, dtype, seq, Clock::now() + std::chrono::seconds(60), seg, arity, workspace};
 }
 
 // Rank r's element i: small integers, so float sums are exact.

@@ -3,10 +3,24 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "../transport/transport.h"
 
 namespace collx {
+
+// Scratch memory kept across the collectives of a group (one runs at a
+// time), so a large op does not fault in fresh pages every call.
+class Workspace {
+ public:
+  char* get(size_t bytes) {
+    if (buf_.size() < bytes) buf_.resize(bytes);
+    return buf_.data();
+  }
+
+ private:
+  std::vector<char> buf_;
+};
 
 struct Collective {
   Transport& transport;
@@ -16,6 +30,7 @@ struct Collective {
   Deadline deadline;
   size_t segmentBytes;  // pipelining unit of ring and tree
   int treeArity;
+  Workspace& workspace;
 
   int rank() const { return transport.rank(); }
   int size() const { return transport.size(); }

@@ -16,7 +16,6 @@
 // Up to kWindow segments are received ahead into scratch slots while the
 // previous ones are reduced. Messages on a link leave in (step, segment)
 // order on both sides, so the FIFO transport matches them.
-#include <algorithm>
 #include <vector>
 
 #include "../error.h"
@@ -55,14 +54,14 @@ void ringPass(const Collective& c, char* buf, size_t count, int shift, int steps
   };
 
   const size_t segBytes = ((maxChunk + m - 1) / m) * es;
-  std::vector<char> scratch(reduceSteps > 0 ? kWindow * std::max<size_t>(segBytes, 1) : 0);
+  char* scratch = reduceSteps > 0 ? c.workspace.get(kWindow * segBytes) : nullptr;
   size_t nextRecv = 0;
   auto postRecvs = [&](size_t doneRecvs) {
     for (; nextRecv < units && nextRecv < doneRecvs + kWindow; ++nextRecv) {
       size_t u = nextRecv;
       char* p;
       size_t bytes = span(mod(rank + shift - long(u / m) - 1, n), u % m, &p);
-      if (long(u / m) < reduceSteps) p = scratch.data() + (u % kWindow) * segBytes;
+      if (long(u / m) < reduceSteps) p = scratch + (u % kWindow) * segBytes;
       c.transport.postRecv(left, c.frame(uint32_t(u)), p, bytes, 2 * u);
     }
   };
@@ -80,7 +79,7 @@ void ringPass(const Collective& c, char* buf, size_t count, int shift, int steps
       if (long(u / m) < reduceSteps) {
         char* dst;
         size_t bytes = span(mod(rank + shift - long(u / m) - 1, n), u % m, &dst);
-        fn(dst, scratch.data() + (u % kWindow) * segBytes, bytes / es);
+        fn(dst, scratch + (u % kWindow) * segBytes, bytes / es);
       }
       if (u + m < units) sendUnit(u + m);
       ++recvsDone;

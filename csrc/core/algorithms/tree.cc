@@ -53,8 +53,8 @@ void treePass(const Collective& c, char* buf, size_t count, int root, int arity,
   };
 
   const bool up = fn != nullptr;
-  std::vector<char> scratch(up ? kWindow * kids * std::max<size_t>(segBytes, 1) : 0);
-  auto slot = [&](size_t j, size_t k) { return scratch.data() + ((j % kWindow) * kids + k) * segBytes; };
+  char* scratch = up ? c.workspace.get(kWindow * kids * segBytes) : nullptr;
+  auto slot = [&](size_t j, size_t k) { return scratch + ((j % kWindow) * kids + k) * segBytes; };
   std::vector<size_t> arrived(up ? m : 0);  // children whose segment j is in scratch
   size_t nextUp = 0;                        // next segment to post up-receives for
   size_t reduced = 0;                       // segments reduced so far

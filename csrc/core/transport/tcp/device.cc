@@ -4,19 +4,35 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "../../error.h"
 #include "rendezvous.h"
 
 namespace collx::tcp {
 
+namespace {
+// How long a waiter retries non-blocking I/O before sleeping in poll(): a
+// loopback hop is 10-30 us, and a poll() wakeup costs about as much again.
+// With more local ranks than cores the waiter yields between retries, so the
+// peer it waits for can run on this core without a sleep/wakeup round trip.
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kYieldSpin = std::chrono::microseconds(200);
+}  // namespace
+
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     : rank_(rank), size_(size), pairs_(size) {
-  std::vector<Socket> sockets = connectMesh(store, rank, size, options.ifname, options.timeout);
+  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.timeout);
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(sockets[peer]));
+    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]));
   }
+  // Busy-polling only pays while every local rank has a core of its own;
+  // otherwise it steals the CPU from the very peer we wait for.
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  yield_ = unsigned(mesh.localRanks) > cores;
+  spin_ = yield_ ? kYieldSpin : kSpin;
 }
 
 Device::~Device() { close(); }
@@ -100,10 +116,15 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   throwIfBroken();
   std::vector<pollfd> fds;
   size_t start = done.size();
+  const Deadline spinUntil = Clock::now() + spin_;
   try {
     for (;;) {
       progressOnce(done);
       if (done.size() > start || pending_ == 0) break;
+      if (Clock::now() < spinUntil) {
+        if (yield_) std::this_thread::yield();
+        continue;
+      }
       fds.clear();
       for (auto& p : pairs_) {
         if (!p) continue;

@@ -51,6 +51,8 @@ class Device : public Transport {
   int size_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self
   size_t pending_ = 0;
+  std::chrono::microseconds spin_{0};  // busy-poll budget per waitSome
+  bool yield_ = false;                 // yield the core between busy polls
   std::string error_;  // sticky once set
   bool errorIsTimeout_ = false;
   std::mutex socketsMutex_;  // close() vs interrupt() from another thread

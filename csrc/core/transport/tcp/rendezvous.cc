@@ -23,10 +23,12 @@ constexpr auto kHelloTimeout = std::chrono::seconds(10);
 
 }  // namespace
 
-std::vector<Socket> connectMesh(Store& store, int rank, int size, const std::string& ifname,
-                                std::chrono::milliseconds timeout) {
-  std::vector<Socket> sockets(size);
-  if (size == 1) return sockets;
+Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
+                 std::chrono::milliseconds timeout) {
+  Mesh mesh;
+  mesh.sockets.resize(size);
+  std::vector<Socket>& sockets = mesh.sockets;
+  if (size == 1) return mesh;
   const Deadline deadline = Clock::now() + timeout;
 
   const uint64_t generation = uint64_t(store.add("collx/generation", 1) - 1) / uint64_t(size);
@@ -44,9 +46,16 @@ std::vector<Socket> connectMesh(Store& store, int rank, int size, const std::str
   Socket listener = listenOn(self);
   store.set(prefix + "addr/" + std::to_string(rank), bytesOf(self.str()));
 
+  std::vector<Address> addrs(size);
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    addrs[peer] = Address::parse(stringOf(store.get(prefix + "addr/" + std::to_string(peer), timeout)));
+    if (addrs[peer].host() == self.host()) ++mesh.localRanks;
+  }
+
   const Hello mine{kHelloMagic, rank, size, 0, generation, token};
   for (int peer = 0; peer < rank; ++peer) {
-    Address addr = Address::parse(stringOf(store.get(prefix + "addr/" + std::to_string(peer), timeout)));
+    const Address& addr = addrs[peer];
     Socket s = connectTo(addr, deadline);
     COLLX_CHECK(writeAll(s, &mine, sizeof(mine), deadline), "collx rank ", rank,
                 ": could not send hello to peer ", peer, " at ", addr.str());
@@ -71,7 +80,7 @@ std::vector<Socket> connectMesh(Store& store, int rank, int size, const std::str
     sockets[h.rank] = std::move(s);
     --missing;
   }
-  return sockets;
+  return mesh;
 }
 
 }  // namespace collx::tcp

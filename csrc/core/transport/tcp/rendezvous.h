@@ -18,8 +18,12 @@
 
 namespace collx::tcp {
 
-// Returns one connected socket per peer (invalid at index `rank`).
-std::vector<Socket> connectMesh(Store& store, int rank, int size, const std::string& ifname,
-                                std::chrono::milliseconds timeout);
+struct Mesh {
+  std::vector<Socket> sockets;  // one per peer; invalid at index `rank`
+  int localRanks = 1;           // ranks (this one included) publishing this host address
+};
+
+Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
+                 std::chrono::milliseconds timeout);
 
 }  // namespace collx::tcp

@@ -61,6 +61,11 @@ std::string Address::str() const {
   return storage.ss_family == AF_INET6 ? collx::str("[", host, "]:", serv) : collx::str(host, ":", serv);
 }
 
+std::string Address::host() const {
+  std::string s = str();
+  return s.substr(0, s.rfind(':'));
+}
+
 Address Address::parse(const std::string& s) {
   auto colon = s.rfind(':');
   COLLX_CHECK(colon != std::string::npos, "collx: bad address '", s, "'");

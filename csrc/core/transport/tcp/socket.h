@@ -40,6 +40,7 @@ struct Address {
   socklen_t len = 0;
 
   std::string str() const;
+  std::string host() const;  // str() without the port
   static Address parse(const std::string& s);  // "host:port", "[v6]:port"
   int port() const;
   void setPort(int port);

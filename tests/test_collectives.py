@@ -1,0 +1,716 @@
+"""broadcast, all_gather(_into_tensor/_object), barrier, all_reduce_coalesced,
+get_stats, Options / COLLX_* environment, init methods and re-init of collx.
+
+As in test_allreduce.py, the checks that can share processes run in one
+launch per world size (a Suite) and are reported as separate tests.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+torchcollx = pytest.importorskip("torchcollx")
+
+import launcher  # noqa: E402
+from common import (  # noqa: E402
+    DTYPES,
+    Suite,
+    dtype_name,
+    expected,
+    gen,
+    mismatch,
+    run_checks,
+)
+from launcher import run_ranks  # noqa: E402
+
+COUNTS = [0, 1, 7, 1000, 100003]
+
+
+def _data(rank, dtype, count, salt=0):
+    """Any-valued deterministic data of ``rank`` (MIN data: random, exact)."""
+    return gen(rank, dtype, "MIN", count, salt)
+
+
+def _backend_error_ok(e, op, rank):
+    """DistBackendError whose message names the op and the rank."""
+    return isinstance(e, dist.DistBackendError) and op in str(e) and f"rank {rank}" in str(e)
+
+
+# ------------------------------------------------------------------ broadcast
+
+def check_broadcast(rank, ws, fail):
+    groups = {"default": None, "ring": dist.new_group(backend="collx",
+                                                     pg_options=torchcollx.Options(algorithm="ring"))}
+    for gname, g in groups.items():
+        for root in range(ws):
+            for dtype in DTYPES:
+                for count in COUNTS:
+                    salt = 1000 * root + 7
+                    t = _data(rank, dtype, count, salt) if rank == root else torch.zeros(count, dtype=dtype)
+                    if rank != root and count:
+                        t.fill_(1 if dtype != torch.bool else True)
+                    dist.broadcast(t, src=root, group=g)
+                    if m := mismatch(t, _data(root, dtype, count, salt)):
+                        fail(f"{gname}: broadcast root={root} {dtype_name(dtype)} count={count}: {m}")
+            # Large, with a segment pipeline.
+            t = _data(rank, torch.float32, 1 << 20 | 5, 3)
+            dist.broadcast(t, src=root, group=g)
+            if m := mismatch(t, _data(root, torch.float32, 1 << 20 | 5, 3)):
+                fail(f"{gname}: broadcast root={root} float32 count={1 << 20 | 5}: {m}")
+
+
+def check_broadcast_noncontiguous_and_async(rank, ws, fail):
+    for root in range(ws):
+        # Transposed 2-D.
+        base = _data(rank, torch.float64, 31 * 17, root).view(31, 17)
+        t = base.t()
+        dist.broadcast(t, src=root)
+        if m := mismatch(base, _data(root, torch.float64, 31 * 17, root).view(31, 17)):
+            fail(f"transposed float64 broadcast from {root}: {m}")
+        # Strided slice: the elements between must stay untouched on every rank.
+        buf = _data(rank, torch.int32, 3001, root + 50)
+        keep = buf.clone()
+        view = buf[2::3]
+        dist.broadcast(view, src=root)
+        if m := mismatch(view, _data(root, torch.int32, 3001, root + 50)[2::3]):
+            fail(f"strided int32 broadcast from {root}: {m}")
+        if mismatch(buf[0::3], keep[0::3]) or mismatch(buf[1::3], keep[1::3]):
+            fail(f"strided int32 broadcast from {root} modified elements outside the slice")
+        # Async, several in flight, futures hold the tensor.
+        ts = [_data(rank, torch.bfloat16, 513 * (i + 1), root + 100 * i) for i in range(4)]
+        works = [dist.broadcast(t, src=root, async_op=True) for t in ts]
+        for i in reversed(range(4)):
+            works[i].wait()
+            if not works[i].is_completed():
+                fail(f"async broadcast {i} from {root}: not is_completed() after wait()")
+        for i, (t, w) in enumerate(zip(ts, works)):
+            want = _data(root, torch.bfloat16, 513 * (i + 1), root + 100 * i)
+            if m := mismatch(t, want):
+                fail(f"async broadcast {i} from {root}: {m}")
+            v = w.get_future().wait()  # see check_future_done_after_wait
+            if not (isinstance(v, list) and len(v) == 1 and isinstance(v[0], torch.Tensor)):
+                fail(f"async broadcast {i}: future value {v!r} is not a list of one tensor")
+            elif m := mismatch(v[0], want):
+                fail(f"async broadcast {i}: future value: {m}")
+
+
+def check_broadcast_bad_root(rank, ws, fail):
+    for bad in (ws, ws + 5, -1):
+        t = torch.arange(5, dtype=torch.float32)
+        try:
+            dist.broadcast(t, src=bad)
+            fail(f"broadcast(src={bad}) did not raise")
+            return
+        except (dist.DistBackendError, ValueError, RuntimeError) as e:
+            if not (("broadcast" in str(e) or "root" in str(e).lower() or "src" in str(e).lower())
+                    and str(bad) in str(e)):
+                fail(f"broadcast(src={bad}): unclear error {type(e).__name__}: {e}")
+        # Straight to the backend: the root check must be collx's own.
+        backend = torchcollx.stats.backend_of(None)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = bad
+        try:
+            backend.broadcast([torch.zeros(4)], opts).wait()
+            fail(f"CollxBackend.broadcast(rootRank={bad}) did not raise")
+            return
+        except Exception as e:
+            if not _backend_error_ok(e, "broadcast", rank):
+                fail(f"CollxBackend.broadcast(rootRank={bad}): {type(e).__name__} not naming op and rank: {e}")
+    # The group still works.
+    t = _data(rank, torch.int64, 77, 9)
+    dist.broadcast(t, src=ws - 1)
+    if m := mismatch(t, _data(ws - 1, torch.int64, 77, 9)):
+        fail(f"broadcast after the bad-root errors: {m}")
+
+
+# ------------------------------------------------------------------ all_gather
+
+GATHER_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.bool]
+
+
+def check_all_gather(rank, ws, fail):
+    for dtype in GATHER_DTYPES:
+        for count in COUNTS + [1 << 20 | 3]:
+            if count > 100003 and dtype != torch.float32:
+                continue
+            x = _data(rank, dtype, count, 11)
+            outs = [torch.empty(count, dtype=dtype) for _ in range(ws)]
+            dist.all_gather(outs, x)
+            for r in range(ws):
+                if m := mismatch(outs[r], _data(r, dtype, count, 11)):
+                    fail(f"all_gather {dtype_name(dtype)} count={count}: block of rank {r}: {m}")
+            if count <= 1000:
+                ref = [torch.empty(count, dtype=dtype) for _ in range(ws)]
+                dist.all_gather(ref, x, group=launcher.gloo())
+                for r in range(ws):
+                    if m := mismatch(outs[r], ref[r]):
+                        fail(f"all_gather {dtype_name(dtype)} count={count}: vs gloo, block {r}: {m}")
+    # 2-D, non-contiguous input and non-contiguous outputs.
+    x = _data(rank, torch.float64, 6 * 5, 12).view(6, 5).t()
+    outs = [torch.zeros(6, 5, dtype=torch.float64).t() for _ in range(ws)]
+    dist.all_gather(outs, x)
+    for r in range(ws):
+        if m := mismatch(outs[r], _data(r, torch.float64, 6 * 5, 12).view(6, 5).t()):
+            fail(f"all_gather non-contiguous 2-D: block of rank {r}: {m}")
+    # Outputs that are views of one buffer (the usual list(buf.unbind(0))).
+    x = _data(rank, torch.int64, 513, 14)
+    buf = torch.zeros(ws, 513, dtype=torch.int64)
+    dist.all_gather(list(buf.unbind(0)), x)
+    if m := mismatch(buf, torch.stack([_data(r, torch.int64, 513, 14) for r in range(ws)])):
+        fail(f"all_gather into views of one buffer: {m}")
+    # Async with a future whose value holds the outputs.
+    x = _data(rank, torch.int32, 999, 13)
+    outs = [torch.empty(999, dtype=torch.int32) for _ in range(ws)]
+    w = dist.all_gather(outs, x, async_op=True)
+    w.wait()
+    v = w.get_future().wait()  # see check_future_done_after_wait
+    if not (isinstance(v, list) and all(isinstance(t, torch.Tensor) for t in v)):
+        fail(f"async all_gather: future value {type(v).__name__} is not a list of tensors")
+    for r in range(ws):
+        if m := mismatch(outs[r], _data(r, torch.int32, 999, 13)):
+            fail(f"async all_gather: block of rank {r}: {m}")
+
+
+def check_all_gather_into_tensor(rank, ws, fail):
+    for dtype in (torch.float32, torch.float64, torch.uint8, torch.bool):
+        for count in (0, 1, 7, 1000, 100003, 1 << 20 | 1):
+            if count > 100003 and dtype != torch.float32:
+                continue
+            x = _data(rank, dtype, count, 21)
+            want = torch.cat([_data(r, dtype, count, 21) for r in range(ws)])
+            out = torch.empty(ws * count, dtype=dtype)
+            dist.all_gather_into_tensor(out, x)
+            if m := mismatch(out, want):
+                fail(f"all_gather_into_tensor 1-D {dtype_name(dtype)} count={count}: {m}")
+            out2 = torch.empty(ws, count, dtype=dtype)
+            dist.all_gather_into_tensor(out2, x)
+            if m := mismatch(out2, want.view(ws, count)):
+                fail(f"all_gather_into_tensor (ws, n) {dtype_name(dtype)} count={count}: {m}")
+    # Non-contiguous output: (ws, n) seen through a transpose of an (n, ws) buffer.
+    n = 257
+    x = _data(rank, torch.float32, n, 22)
+    want = torch.stack([_data(r, torch.float32, n, 22) for r in range(ws)])
+    out = torch.zeros(n, ws).t()
+    dist.all_gather_into_tensor(out, x)
+    if m := mismatch(out, want):
+        fail(f"all_gather_into_tensor into a non-contiguous output: {m}")
+    # In place: the input is this rank's slice of the output (the FSDP pattern).
+    out = torch.zeros(ws * n)
+    out[rank * n:(rank + 1) * n] = x
+    dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+    if m := mismatch(out, want.reshape(-1)):
+        fail(f"in-place all_gather_into_tensor: {m}")
+    # Wrong output size: a clear error on every rank, then the group still works.
+    try:
+        dist.all_gather_into_tensor(torch.empty(ws * n + 1), x)
+        fail("all_gather_into_tensor with a wrong output size did not raise")
+    except Exception as e:
+        if not (isinstance(e, (dist.DistBackendError, ValueError, RuntimeError)) and "all_gather" in str(e)):
+            fail(f"all_gather_into_tensor with a wrong output size: unclear {type(e).__name__}: {e}")
+    out = torch.empty(ws * n)
+    dist.all_gather_into_tensor(out, x)
+    if m := mismatch(out, want.reshape(-1)):
+        fail(f"all_gather_into_tensor after the size error: {m}")
+
+
+def check_all_gather_object(rank, ws, fail):
+    obj = {"rank": rank, "payload": "x" * (rank * 1000 + 3), "list": list(range(rank + 1))}
+    got = [None] * ws
+    dist.all_gather_object(got, obj)
+    for r in range(ws):
+        want = {"rank": r, "payload": "x" * (r * 1000 + 3), "list": list(range(r + 1))}
+        if got[r] != want:
+            fail(f"all_gather_object: entry {r} is {str(got[r])[:200]}")
+
+
+# ------------------------------------------------------------------ barrier
+
+def check_barrier(rank, ws, fail):
+    groups = {"default": None}
+    for algo in ("ring", "star"):
+        groups[algo] = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=algo))
+    for name, g in groups.items():
+        for late in (0, ws - 1):
+            dist.barrier(group=g)  # align
+            if rank == late:
+                time.sleep(1.0)
+            t0 = time.monotonic()
+            dist.barrier(group=g)
+            waited = time.monotonic() - t0
+            if rank != late and waited < 0.7:
+                fail(f"{name}: barrier returned after {waited:.3f} s although rank {late} entered it ~1 s late")
+    w = dist.barrier(async_op=True)
+    w.wait()
+    if not w.is_completed():
+        fail("async barrier: not completed after wait()")
+
+
+# ------------------------------------------------------------------ all_reduce_coalesced
+
+COALESCED_SHAPES = [(3, 4), (5,), (2, 3, 2), (0,), (), (1000,)]
+
+
+def check_all_reduce_coalesced(rank, ws, fail):
+    for dtype, op in ((torch.float32, "SUM"), (torch.int64, "MAX"), (torch.float64, "AVG"), (torch.int32, "BXOR")):
+        for async_op in (False, True):
+            ts, wants = [], []
+            for i, shape in enumerate(COALESCED_SHAPES):
+                n = int(torch.tensor(shape).prod().item()) if shape else 1
+                ts.append(gen(rank, dtype, op, n, salt=i).view(shape))
+                wants.append(expected(ws, dtype, op, n, salt=i).view(shape))
+            # One non-contiguous member.
+            ts[0] = gen(rank, dtype, op, 12, salt=0).view(4, 3).t()
+            wants[0] = expected(ws, dtype, op, 12, salt=0).view(4, 3).t()
+            w = dist.all_reduce_coalesced(ts, op=getattr(dist.ReduceOp, op), async_op=async_op)
+            if async_op:
+                w.wait()
+            for i, (t, want) in enumerate(zip(ts, wants)):
+                rtol = torch.finfo(dtype).eps if op == "AVG" else 0.0
+                if m := mismatch(t, want, rtol):
+                    fail(f"all_reduce_coalesced {op} {dtype_name(dtype)} async={async_op} tensor {i} "
+                         f"shape {tuple(t.shape)}: {m}")
+            if op != "AVG":
+                refs = [gen(rank, dtype, op, t.numel(), salt=i).view(t.shape) for i, t in enumerate(ts)]
+                refs[0] = gen(rank, dtype, op, 12, salt=0).view(4, 3).t()
+                dist.all_reduce_coalesced(refs, op=getattr(dist.ReduceOp, op), group=launcher.gloo())
+                for i, (t, ref) in enumerate(zip(ts, refs)):
+                    if m := mismatch(t, ref):
+                        fail(f"all_reduce_coalesced {op} {dtype_name(dtype)} tensor {i}: vs gloo: {m}")
+    # Mixed dtypes: a clear error before anything is sent, then the group works.
+    try:
+        dist.all_reduce_coalesced([torch.ones(3), torch.ones(3, dtype=torch.float64)])
+        fail("all_reduce_coalesced with mixed dtypes did not raise")
+    except Exception as e:
+        if not isinstance(e, (dist.DistBackendError, ValueError, RuntimeError)):
+            fail(f"all_reduce_coalesced with mixed dtypes raised {type(e).__name__}: {e}")
+    t = [torch.full((4,), float(rank)), torch.full((2, 2), 1.0)]
+    dist.all_reduce_coalesced(t)
+    if not (torch.equal(t[0], torch.full((4,), float(sum(range(ws))))) and torch.equal(t[1], torch.full((2, 2), float(ws)))):
+        fail(f"all_reduce_coalesced after the dtype error: {t}")
+
+
+# ------------------------------------------------------------------ stats
+
+def check_stats(rank, ws, fail):
+    n, k = 10000, 5
+    nbytes = 4 * n
+    for algo in ("ring", "tree", "star", "auto"):
+        g = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=algo))
+        s0 = torchcollx.get_stats(g)
+        for key in ("ops", "bytes_sent", "bytes_received", "algorithms"):
+            if key not in s0:
+                fail(f"{algo}: get_stats() has no {key!r}: {s0}")
+                return
+        if s0["ops"] != 0 or s0["algorithms"]:
+            fail(f"{algo}: a fresh group already counts ops: {s0}")
+        for i in range(k):
+            t = torch.full((n,), float(rank + i))
+            dist.all_reduce(t, group=g)
+        s1 = torchcollx.get_stats(g)
+        labels = s1["algorithms"]
+        if algo != "auto":
+            if set(labels) != {f"all_reduce/{algo}"}:
+                fail(f"{algo}: labels after {k} all_reduce: {sorted(labels)}")
+        elif len(labels) != 1 or next(iter(labels)) not in {"all_reduce/ring", "all_reduce/tree", "all_reduce/star"}:
+            fail(f"auto: labels after {k} all_reduce of one size: {sorted(labels)}")
+        if s1["ops"] != k or sum(v["calls"] for v in labels.values()) != k:
+            fail(f"{algo}: after {k} all_reduce: ops={s1['ops']}, algorithms={labels}")
+        if any(not (v["seconds"] > 0) for v in labels.values()):
+            fail(f"{algo}: seconds not > 0: {labels}")
+        if s1["bytes_sent"] <= s0["bytes_sent"] or s1["bytes_received"] <= s0["bytes_received"]:
+            fail(f"{algo}: bytes did not grow: before {s0}, after {s1}")
+        # Across ranks: everything sent was received, and the total is what an
+        # all-reduce must move (2(n-1)/n of the buffer per rank, summed: 2(ws-1)B),
+        # give or take headers.
+        dist.barrier(group=g)
+        s2 = torchcollx.get_stats(g)
+        every = [None] * ws
+        dist.all_gather_object(every, (s0, s2), group=launcher.gloo())
+        sent = sum(b["bytes_sent"] - a["bytes_sent"] for a, b in every)
+        received = sum(b["bytes_received"] - a["bytes_received"] for a, b in every)
+        if sent != received:
+            fail(f"{algo}: bytes sent by all ranks {sent} != bytes received by all ranks {received}")
+        low = 2 * (ws - 1) * nbytes * k
+        if not (low <= sent <= 1.5 * low + 65536):
+            fail(f"{algo}: {k} all_reduce of {nbytes} B on {ws} ranks sent {sent} B in all, expected "
+                 f"about {low} B")
+        # Other collectives are counted too.
+        t = torch.zeros(100)
+        dist.broadcast(t, src=0, group=g)
+        dist.all_gather([torch.empty(100) for _ in range(ws)], t, group=g)
+        s3 = torchcollx.get_stats(g)
+        if s3["ops"] != s2["ops"] + 2:
+            fail(f"{algo}: ops went {s2['ops']} -> {s3['ops']} over a broadcast and an all_gather")
+        new = set(s3["algorithms"]) - set(s2["algorithms"])
+        if not any(label.startswith("broadcast/") for label in new) or not any(
+                label.startswith("all_gather/") for label in new):
+            fail(f"{algo}: no broadcast/... and all_gather/... labels in {sorted(s3['algorithms'])}")
+        if s3["bytes_sent"] < s2["bytes_sent"]:
+            fail(f"{algo}: bytes_sent decreased")
+        dist.destroy_process_group(g)
+    # The world group (group=None), and a clear error for a non-collx group.
+    before = torchcollx.get_stats()["ops"]
+    dist.all_reduce(torch.ones(3))
+    if torchcollx.get_stats(None)["ops"] != before + 1:
+        fail("get_stats() of the world group did not count an all_reduce")
+    try:
+        torchcollx.get_stats(launcher.gloo())
+        fail("get_stats(gloo group) did not raise")
+    except (ValueError, RuntimeError, TypeError) as e:
+        if "collx" not in str(e):
+            fail(f"get_stats(gloo group): unclear error {e}")
+
+
+SUITE_CHECKS = [
+    check_broadcast,
+    check_broadcast_noncontiguous_and_async,
+    check_broadcast_bad_root,
+    check_all_gather,
+    check_all_gather_into_tensor,
+    check_all_gather_object,
+    check_barrier,
+    check_all_reduce_coalesced,
+    check_stats,
+]
+
+
+def _suite(rank, ws):
+    return run_checks(SUITE_CHECKS, rank, ws)
+
+
+SUITE_WS = [2, 3, 4]
+SUITES = {ws: Suite(_suite, ws, with_gloo=True, timeout=300) for ws in SUITE_WS}
+
+
+@pytest.mark.parametrize("check", [c.__name__ for c in SUITE_CHECKS])
+@pytest.mark.parametrize("ws", SUITE_WS, ids=lambda ws: f"ws{ws}")
+def test_collective(ws, check):
+    SUITES[ws].check(check)
+
+
+# ------------------------------------------------------------------ Options / environment
+
+def test_options_resolve_in_process(monkeypatch):
+    """Options validation and env fallback, without processes."""
+    for var in ("COLLX_ALGORITHM", "COLLX_TREE_ARITY", "COLLX_SEGMENT_BYTES", "COLLX_SOCKET_IFNAME"):
+        monkeypatch.delenv(var, raising=False)
+    r = torchcollx.Options().resolved()
+    assert (r.algorithm, r.tree_arity, r.segment_bytes) == ("auto", 2, 512 * 1024)
+    monkeypatch.setenv("COLLX_ALGORITHM", "star")
+    monkeypatch.setenv("COLLX_TREE_ARITY", "4")
+    monkeypatch.setenv("COLLX_SEGMENT_BYTES", "8192")
+    r = torchcollx.Options().resolved()
+    assert (r.algorithm, r.tree_arity, r.segment_bytes) == ("star", 4, 8192)
+    r = torchcollx.Options(algorithm="ring", tree_arity=3, segment_bytes=1024).resolved()
+    assert (r.algorithm, r.tree_arity, r.segment_bytes) == ("ring", 3, 1024)
+    for kwargs, word in ((dict(algorithm="bogus"), "algorithm"), (dict(tree_arity=0), "tree_arity"),
+                         (dict(segment_bytes=-1), "segment_bytes"), (dict(segment_bytes="abc"), "segment_bytes")):
+        with pytest.raises(ValueError, match=word):
+            torchcollx.Options(**kwargs).resolved()
+    for var, value in (("COLLX_ALGORITHM", "bogus"), ("COLLX_TREE_ARITY", "0"), ("COLLX_SEGMENT_BYTES", "abc")):
+        monkeypatch.setenv(var, value)
+        with pytest.raises(ValueError, match=var):
+            torchcollx.Options().resolved()
+        monkeypatch.delenv(var)
+
+
+def _env_override(rank, ws):
+    """Runs with COLLX_ALGORITHM=tree, COLLX_TREE_ARITY=3, COLLX_SEGMENT_BYTES=4096."""
+    out = []
+    world = torchcollx.stats.backend_of(None)
+    if (world.algorithm, world.tree_arity, world.segment_bytes) != ("tree", 3, 4096):
+        out.append(f"world group config {(world.algorithm, world.tree_arity, world.segment_bytes)}, "
+                   "expected ('tree', 3, 4096) from the environment")
+    x = gen(rank, torch.float64, "SUM", 5001)
+    dist.all_reduce(x)
+    if m := mismatch(x, expected(ws, torch.float64, "SUM", 5001)):
+        out.append(f"all_reduce under the env config: {m}")
+    labels = sorted(torchcollx.get_stats()["algorithms"])
+    if labels != ["all_reduce/tree"]:
+        out.append(f"COLLX_ALGORITHM=tree: world stats labels {labels}")
+    # Options fields win over the environment; None fields still take it.
+    g = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm="star", tree_arity=5))
+    be = torchcollx.stats.backend_of(g)
+    if (be.algorithm, be.tree_arity, be.segment_bytes) != ("star", 5, 4096):
+        out.append(f"Options(algorithm='star', tree_arity=5) under the env: {(be.algorithm, be.tree_arity, be.segment_bytes)}")
+    x = gen(rank, torch.int32, "SUM", 777)
+    dist.all_reduce(x, group=g)
+    if m := mismatch(x, expected(ws, torch.int32, "SUM", 777)):
+        out.append(f"all_reduce on the star group: {m}")
+    labels = sorted(torchcollx.get_stats(g)["algorithms"])
+    if labels != ["all_reduce/star"]:
+        out.append(f"Options(algorithm='star') overrides COLLX_ALGORITHM=tree: labels {labels}")
+    return out
+
+
+def test_env_overrides_apply_where_options_are_none():
+    env = {"COLLX_ALGORITHM": "tree", "COLLX_TREE_ARITY": "3", "COLLX_SEGMENT_BYTES": "4096"}
+    results = run_ranks(_env_override, 3, timeout=120, env=env)
+    problems = [f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms]
+    assert not problems, "\n".join(problems)
+
+
+def test_options_as_pg_options_of_init_process_group():
+    results = run_ranks(_forced_world, 3, timeout=120, pg_options=torchcollx.Options(algorithm="star"),
+                        env={"COLLX_ALGORITHM": "ring"})
+    assert all(labels == ["all_reduce/star"] for labels in results), results
+
+
+def _forced_world(rank, ws):
+    x = gen(rank, torch.float32, "SUM", 1001)
+    dist.all_reduce(x)
+    assert mismatch(x, expected(ws, torch.float32, "SUM", 1001)) is None
+    return sorted(torchcollx.get_stats()["algorithms"])
+
+
+BAD_ENV = [
+    ("COLLX_ALGORITHM", "bogus"),
+    ("COLLX_TREE_ARITY", "0"),
+    ("COLLX_TREE_ARITY", "-2"),
+    ("COLLX_TREE_ARITY", "two"),
+    ("COLLX_SEGMENT_BYTES", "abc"),
+    ("COLLX_SEGMENT_BYTES", "1.5"),
+    ("COLLX_SEGMENT_BYTES", "0"),
+]
+
+
+def _bad_env(rank, ws):
+    base = os.environ["COLLX_TEST_INIT_METHOD"]
+    assert base.startswith("file://")
+    out = []
+    for i, (var, value) in enumerate(BAD_ENV):
+        os.environ[var] = value
+        try:
+            dist.init_process_group("collx", init_method=f"{base}.{i}", rank=rank, world_size=ws,
+                                    timeout=datetime.timedelta(seconds=30))
+            out.append(f"{var}={value!r}: init_process_group did not raise")
+            dist.destroy_process_group()
+        except ValueError as e:
+            if var not in str(e):
+                out.append(f"{var}={value!r}: ValueError does not name the variable: {e}")
+        except Exception as e:
+            out.append(f"{var}={value!r}: raised {type(e).__name__} instead of ValueError: {e}")
+        finally:
+            del os.environ[var]
+        if dist.is_initialized():
+            out.append(f"{var}={value!r}: a process group is left initialized after the error")
+            dist.destroy_process_group()
+    # A bad env value is ignored where the Options field is set.
+    os.environ["COLLX_TREE_ARITY"] = "0"
+    try:
+        dist.init_process_group("collx", init_method=f"{base}.opt", rank=rank, world_size=ws,
+                                pg_options=torchcollx.Options(tree_arity=2))
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        if not torch.equal(t, torch.full((3,), float(ws))):
+            out.append(f"all_reduce with Options(tree_arity=2) over a bad env: {t}")
+        # new_group also validates the environment (tree_arity is None here).
+        try:
+            dist.new_group(backend="collx")
+            out.append("new_group under COLLX_TREE_ARITY=0 did not raise")
+        except ValueError as e:
+            if "COLLX_TREE_ARITY" not in str(e):
+                out.append(f"new_group under COLLX_TREE_ARITY=0: ValueError without the name: {e}")
+        dist.destroy_process_group()
+    except Exception as e:
+        out.append(f"init with Options(tree_arity=2) under COLLX_TREE_ARITY=0 raised {type(e).__name__}: {e}")
+    finally:
+        del os.environ["COLLX_TREE_ARITY"]
+    # And a clean init still works in the same processes.
+    dist.init_process_group("collx", init_method=f"{base}.good", rank=rank, world_size=ws)
+    t = torch.full((5,), float(rank))
+    dist.all_reduce(t)
+    if not torch.equal(t, torch.full((5,), float(sum(range(ws))))):
+        out.append(f"all_reduce after the bad-env attempts: {t}")
+    dist.destroy_process_group()
+    return out
+
+
+def test_bad_env_values_raise_value_error_naming_the_variable():
+    results = run_ranks(_bad_env, 2, timeout=150, init=False)
+    problems = [f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms]
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------ init methods, re-init
+
+def _basic(rank, ws):
+    assert dist.get_backend() == "collx", dist.get_backend()
+    assert (dist.get_rank(), dist.get_world_size()) == (rank, ws)
+    x = gen(rank, torch.float32, "SUM", 10007)
+    dist.all_reduce(x)
+    assert mismatch(x, expected(ws, torch.float32, "SUM", 10007)) is None, "all_reduce"
+    b = _data(rank, torch.int64, 100, 5)
+    dist.broadcast(b, src=ws - 1)
+    assert mismatch(b, _data(ws - 1, torch.int64, 100, 5)) is None, "broadcast"
+    outs = [torch.empty(3) for _ in range(ws)]
+    dist.all_gather(outs, torch.full((3,), float(rank)))
+    assert all(torch.equal(o, torch.full((3,), float(r))) for r, o in enumerate(outs)), outs
+    dist.barrier()
+    return torchcollx.get_stats()["ops"]
+
+
+@pytest.mark.parametrize("init", ["tcp", "file", "env"])
+def test_init_methods(init):
+    assert run_ranks(_basic, 3, timeout=120, backend_init=init) == [4, 4, 4]
+
+
+def _reinit(rank, ws, ports):
+    base = os.environ["COLLX_TEST_INIT_METHOD"]
+    methods = [f"{base}.0", f"tcp://127.0.0.1:{ports[0]}", f"{base}.2", f"tcp://127.0.0.1:{ports[1]}"]
+    for cycle, method in enumerate(methods):
+        dist.init_process_group("collx", init_method=method, rank=rank, world_size=ws)
+        s = torchcollx.get_stats()
+        assert s["ops"] == 0, f"cycle {cycle}: a fresh world group starts with ops={s['ops']}"
+        g = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm="ring"))
+        for group in (None, g):
+            x = gen(rank, torch.float64, "SUM", 3001, salt=cycle)
+            dist.all_reduce(x, group=group)
+            m = mismatch(x, expected(ws, torch.float64, "SUM", 3001, salt=cycle))
+            assert m is None, f"cycle {cycle}, group {group}: {m}"
+        w = dist.all_reduce(torch.ones(10), async_op=True)
+        w.wait()
+        dist.destroy_process_group()
+        assert not dist.is_initialized(), f"cycle {cycle}: still initialized after destroy"
+    return True
+
+
+def test_destroy_and_reinit_several_times():
+    """init / use / destroy four times in the same processes (file:// and tcp://)."""
+    ports = (launcher.free_port(), launcher.free_port())
+    while ports[1] == ports[0]:
+        ports = (ports[0], launcher.free_port())
+    assert run_ranks(_reinit, 3, timeout=120, init=False, args=(ports,)) == [True] * 3
+
+
+def _timeout(rank, ws):
+    """Rank 1 never joins the ops of a group with a 2 s timeout."""
+    g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=2))
+    g2 = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=2))
+    if rank != 0:
+        time.sleep(8)  # well past rank 0's timeouts
+        return None
+    out = {}
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10), group=g)
+        out["sync"] = "no error"
+    except Exception as e:
+        out["sync"] = (type(e).__name__, str(e), time.monotonic() - t0)
+    # The same through async_op: wait() and the future raise, the work is completed.
+    t0 = time.monotonic()
+    w = dist.broadcast(torch.ones(10), src=1, group=g2, async_op=True)  # a receiver waits
+    try:
+        w.wait()
+        out["async"] = "no error"
+    except Exception as e:
+        out["async"] = (type(e).__name__, str(e), time.monotonic() - t0)
+    out["completed"] = w.is_completed()
+    try:
+        w.get_future().wait()
+        out["future"] = "no error"
+    except Exception as e:
+        out["future"] = type(e).__name__
+    return out
+
+
+def test_op_timeout_raises_instead_of_hanging():
+    res = run_ranks(_timeout, 2, timeout=90)[0]
+    for key, op in (("sync", "all_reduce"), ("async", "broadcast")):
+        assert res[key] != "no error", f"{op} with an absent peer returned normally"
+        name, msg, took = res[key]
+        assert name == "DistBackendError", (key, name, msg)
+        assert op in msg and "rank 0" in msg, msg
+        assert 1.0 <= took <= 20.0, f"the 2 s op timeout of {op} fired after {took:.1f} s"
+    assert res["completed"] is True, "a failed work is not is_completed()"
+    assert res["future"] != "no error", "the future of a failed work did not raise"
+
+
+def _mismatched(rank, ws):
+    """Ranks disagree on the size of an all_reduce: an error, not a hang."""
+    g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=30),
+                       pg_options=torchcollx.Options(algorithm="ring"))
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1000 + rank), group=g)
+        return ("no error", "", time.monotonic() - t0)
+    except Exception as e:
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def test_mismatched_collective_fails_fast():
+    results = run_ranks(_mismatched, 2, timeout=90)
+    for rank, (name, msg, took) in enumerate(results):
+        assert name == "DistBackendError", f"rank {rank}: {name}: {msg}"
+        assert "all_reduce" in msg and f"rank {rank}" in msg, f"rank {rank}: {msg}"
+        assert took < 20, f"rank {rank}: the size mismatch took {took:.1f} s to surface (group timeout 30 s)"
+    assert any("mismatch" in msg for _, msg, _ in results), [m for _, m, _ in results]
+
+
+def _destroy_in_flight(rank, ws):
+    """destroy_process_group with async ops not waited for: no hang, no
+    crash; each work either succeeded or fails with DistBackendError; a new
+    group afterwards works."""
+    base = os.environ["COLLX_TEST_INIT_METHOD"]
+    out = []
+    for cycle in range(2):
+        dist.init_process_group("collx", init_method=f"{base}.{cycle}", rank=rank, world_size=ws)
+        ts = [torch.ones(1 << 18) for _ in range(6)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        dist.destroy_process_group()
+        for i, (w, t) in enumerate(zip(works, ts)):
+            try:
+                w.wait()
+                if not torch.equal(t, torch.full_like(t, float(ws))):
+                    out.append(f"cycle {cycle}: work {i} succeeded with a wrong result")
+            except dist.DistBackendError:
+                pass
+            except Exception as e:
+                out.append(f"cycle {cycle}: work {i} failed with {type(e).__name__}: {e}")
+    dist.init_process_group("collx", init_method=f"{base}.final", rank=rank, world_size=ws)
+    x = gen(rank, torch.float32, "SUM", 4099)
+    dist.all_reduce(x)
+    if m := mismatch(x, expected(ws, torch.float32, "SUM", 4099)):
+        out.append(f"all_reduce after the destroys: {m}")
+    dist.destroy_process_group()
+    return out
+
+
+def test_destroy_with_ops_in_flight_then_reinit():
+    results = run_ranks(_destroy_in_flight, 3, timeout=120, init=False)
+    problems = [f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms]
+    assert not problems, "\n".join(problems)
+
+
+def _peer_leaves(rank, ws):
+    """The last rank destroys a collx group; the others then use it."""
+    g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=60))
+    x = torch.ones(1000)
+    dist.all_reduce(x, group=g)  # the group worked
+    if rank == ws - 1:
+        dist.destroy_process_group(g)
+        dist.barrier(group=launcher.gloo())
+        return None
+    dist.barrier(group=launcher.gloo())
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 20), group=g)
+        return ("no error", "", time.monotonic() - t0)
+    except Exception as e:
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def test_peer_destroying_its_group_fails_fast():
+    """Ops on a group whose peer is gone: DistBackendError naming op and
+    rank, long before the 60 s group timeout."""
+    results = run_ranks(_peer_leaves, 3, timeout=120, with_gloo=True)
+    for rank, res in enumerate(results[:-1]):
+        name, msg, took = res
+        assert name == "DistBackendError", f"rank {rank}: {name}: {msg}"
+        assert "all_reduce" in msg and f"rank {rank}" in msg, f"rank {rank}: {msg}"
+        assert took < 20, f"rank {rank}: took {took:.1f} s to notice"
