@@ -1,9 +1,14 @@
 // CPU reduce kernels. Each is one flat loop over __restrict pointers that the
-// compiler vectorises (-O3); 16-bit floats widen to float32 per element.
+// compiler vectorises (-O3); 16-bit floats are reduced in float32 blocks.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "../error.h"
 #include "reduce.h"
@@ -100,13 +105,69 @@ struct Bxor {
   static T apply(T a, T b) { return a ^ b; }
 };
 
+// 16-bit floats go through float32 in blocks: convert, reduce, convert
+// back. The converters use F16C/AVX2 where the CPU has them (checked once at
+// load); the bfloat16 ones are also built for x86-64-v3 and picked at load.
+constexpr size_t kBlock = 256;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define COLLX_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define COLLX_MULTIVERSION
+#endif
+
+#if defined(__x86_64__)
+// F16C converts 8 halves per instruction; without it GCC calls libgcc per element.
+__attribute__((target("avx2,f16c"))) void widenF16C(const _Float16* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = float(in[i]);
+}
+__attribute__((target("avx2,f16c"))) void narrowF16C(const float* in, _Float16* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) out[i] = _Float16(in[i]);
+}
+const bool kHasF16C = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+#endif
+
+void widen(const _Float16* __restrict in, float* __restrict out, size_t n) {
+#if defined(__x86_64__)
+  if (kHasF16C) return widenF16C(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = float(in[i]);
+}
+void narrow(const float* __restrict in, _Float16* __restrict out, size_t n) {
+#if defined(__x86_64__)
+  if (kHasF16C) return narrowF16C(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = _Float16(in[i]);
+}
+COLLX_MULTIVERSION void widen(const BF16* __restrict in, float* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = toFloat(in[i]);
+}
+COLLX_MULTIVERSION void narrow(const float* __restrict in, BF16* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = fromFloat(in[i], BF16{});
+}
+
 template <typename T, typename Op>
 void reduceLoop(void* dstv, const void* srcv, size_t n) {
   auto* __restrict dst = static_cast<T*>(dstv);
   const auto* __restrict src = static_cast<const T*>(srcv);
   if constexpr (kHalf<T>) {
-    for (size_t i = 0; i < n; ++i) {
-      dst[i] = fromFloat(Op::apply(toFloat(dst[i]), toFloat(src[i])), T{});
+    float a[kBlock], b[kBlock];
+    for (size_t base = 0; base < n; base += kBlock) {
+      size_t k = std::min(kBlock, n - base);
+      widen(dst + base, a, k);
+      widen(src + base, b, k);
+      for (size_t i = 0; i < k; ++i) a[i] = Op::apply(a[i], b[i]);
+      narrow(a, dst + base, k);
     }
   } else {
     for (size_t i = 0; i < n; ++i) dst[i] = Op::apply(dst[i], src[i]);
@@ -154,12 +215,24 @@ ReduceFn boolFn(ReduceOp op) {
   }
 }
 
+// buf[i] = fn(buf[i]) for 16-bit floats, through float32 blocks.
+template <typename T, typename Fn>
+void mapHalf(T* buf, size_t n, Fn fn) {
+  float a[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    size_t k = std::min(kBlock, n - base);
+    widen(buf + base, a, k);
+    for (size_t i = 0; i < k; ++i) a[i] = fn(a[i]);
+    narrow(a, buf + base, k);
+  }
+}
+
 template <typename T>
 void scaleLoop(void* bufv, size_t n, double factor) {
   auto* buf = static_cast<T*>(bufv);
   if constexpr (kHalf<T>) {
     float f = float(factor);
-    for (size_t i = 0; i < n; ++i) buf[i] = fromFloat(toFloat(buf[i]) * f, T{});
+    mapHalf(buf, n, [f](float v) { return v * f; });
   } else {
     T f = T(factor);
     for (size_t i = 0; i < n; ++i) buf[i] *= f;
@@ -171,7 +244,7 @@ void divideLoop(void* bufv, size_t n, int64_t d) {
   auto* buf = static_cast<T*>(bufv);
   if constexpr (kHalf<T>) {
     float f = float(d);
-    for (size_t i = 0; i < n; ++i) buf[i] = fromFloat(toFloat(buf[i]) / f, T{});
+    mapHalf(buf, n, [f](float v) { return v / f; });
   } else {
     T f = T(d);
     for (size_t i = 0; i < n; ++i) buf[i] = buf[i] / f;
