@@ -102,11 +102,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::enqueue(c10d::OpType type, OpKind k
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, at::Tensor flat,
                                                            std::vector<at::Tensor> outputs,
-                                                           const c10d::ReduceOp& op,
+                                                           const c10d::ReduceOp& op, Algorithm algo,
                                                            std::chrono::milliseconds timeout) {
   const DataType dtype = checkTensor(flat, "all_reduce", rank_);
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] { return resolveOp(op, dtype, "all_reduce", rank_); });
-  const Algorithm algo = config_.algorithm;
   const int size = size_;
   auto body = [flat, outputs, r, dtype, algo, size](const Collective& c) {
     void* p = flat.data_ptr();
@@ -125,7 +124,14 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& 
   checkSingle(tensors, "all_reduce", rank_);
   checkTensor(tensors[0], "all_reduce", rank_);
   return allreduceFlat(c10d::OpType::ALLREDUCE, contiguousOf(tensors[0]).view(-1), tensors,
-                       opts.reduceOp, opTimeout(opts.timeout, timeout_));
+                       opts.reduceOp, config_.algorithm, opTimeout(opts.timeout, timeout_));
+}
+
+c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
+                                                           Algorithm algorithm) {
+  checkTensor(tensor, "all_reduce", rank_);
+  return allreduceFlat(c10d::OpType::ALLREDUCE, contiguousOf(tensor).view(-1), {tensor}, op, algorithm,
+                       timeout_);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(
@@ -141,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(
     flats.push_back(t.reshape(-1));
   }
   return allreduceFlat(c10d::OpType::ALLREDUCE_COALESCED, at::cat(flats), tensors, opts.reduceOp,
-                       opTimeout(opts.timeout, timeout_));
+                       config_.algorithm, opTimeout(opts.timeout, timeout_));
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& tensors,

@@ -62,6 +62,11 @@ class CollxBackend : public c10d::Backend {
 
   void shutdown() override;
 
+  // all_reduce with the algorithm chosen per call (the DDP comm hook's
+  // entry); `algorithm` kAuto defers to the cost model.
+  c10::intrusive_ptr<c10d::Work> allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
+                                               Algorithm algorithm);
+
   Stats stats() const;
   const Config& config() const { return config_; }
 
@@ -74,7 +79,7 @@ class CollxBackend : public c10d::Backend {
                                          std::chrono::milliseconds timeout, Body body);
   c10::intrusive_ptr<c10d::Work> allreduceFlat(c10d::OpType type, at::Tensor flat,
                                                std::vector<at::Tensor> outputs,
-                                               const c10d::ReduceOp& op,
+                                               const c10d::ReduceOp& op, Algorithm algorithm,
                                                std::chrono::milliseconds timeout);
 
   const Config config_;

@@ -3,6 +3,7 @@
 #include <torch/python.h>
 
 #include "backend.h"
+#include "cast.h"
 #include "core/error.h"
 
 namespace py = pybind11;
@@ -50,12 +51,29 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "collx: a TCP collective backend for torch.distributed";
   py::class_<CollxBackend, c10d::Backend, c10::intrusive_ptr<CollxBackend>>(m, "CollxBackend")
       .def("stats", &statsOf, "Counters of this group: ops, bytes, calls and seconds per algorithm.")
+      .def(
+          "allreduce_with",
+          [](CollxBackend& b, at::Tensor& t, const std::string& algorithm, bool average) {
+            collx::Algorithm a;
+            try {
+              a = collx::parseAlgorithm(algorithm.c_str());
+            } catch (const collx::Error& e) {
+              throw py::value_error(e.what());
+            }
+            c10d::ReduceOp op(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
+            return b.allreduceWith(t, op, a);
+          },
+          py::arg("tensor"), py::arg("algorithm") = "auto", py::arg("average") = false,
+          py::call_guard<py::gil_scoped_release>(),
+          "In-place SUM (or AVG) all-reduce with the algorithm picked for this call; returns the Work.")
       .def_property_readonly("algorithm", [](const CollxBackend& b) { return collx::name(b.config().algorithm); })
       .def_property_readonly("tree_arity", [](const CollxBackend& b) { return b.config().treeArity; })
       .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; });
   m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
         py::arg("ifname"));
+  m.def("cast_scale", &collx::torch_glue::castScale, py::arg("dst"), py::arg("src"), py::arg("factor"),
+        "dst = dst.dtype(src * factor) between float32 and float16/bfloat16, fused, no temporary.");
   m.attr("cuda_kernels") = py::bool_(
 #ifdef COLLX_WITH_CUDA
       true

@@ -114,6 +114,18 @@ int main() {
   cpuReduceFn(DataType::kBool, ReduceOp::kProduct)(d, y, 4);
   CHECK(d[0] == 0 && d[1] == 0 && d[2] == 0 && d[3] == 1, "bool product");
 
+  // Cast-and-scale float32 <-> 16-bit: exact for these values.
+  for (DataType half : {DataType::kFloat16, DataType::kBFloat16}) {
+    std::vector<float> in(1003), back(1003);
+    std::vector<uint16_t> packed(1003);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 64) - 32.0f;
+    castScale(half, packed.data(), DataType::kFloat32, in.data(), in.size(), 0.25);
+    castScale(DataType::kFloat32, back.data(), half, packed.data(), in.size(), 8.0);
+    for (size_t i = 0; i < in.size(); ++i) CHECK(back[i] == in[i] * 2.0f, name(half), " cast i=", i);
+  }
+  CHECK(throws([] { int32_t a = 0; float b = 0; castScale(DataType::kInt32, &a, DataType::kFloat32, &b, 1, 1.0); }),
+        "cast to int32");
+
   CHECK(throws([] { cpuReduceFn(DataType::kFloat32, ReduceOp::kBand); }), "bitwise on float");
   CHECK(throws([] { cpuReduceFn(DataType::kBFloat16, ReduceOp::kBxor); }), "bitwise on bf16");
   CHECK(throws([] { int v = 0; scaleInPlace(DataType::kInt32, &v, 1, 2.0); }), "premul on int");

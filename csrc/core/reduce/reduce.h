@@ -23,3 +23,13 @@ void scaleInPlace(DataType dtype, void* buf, size_t count, double factor);
 void divideInPlace(DataType dtype, void* buf, size_t count, int64_t divisor);
 
 }  // namespace collx
+
+namespace collx {
+
+// dst[i] = DstT(float(src[i]) * factor) between float32 and float16 /
+// bfloat16, either way: the fused cast-and-scale of gradient compression.
+// Throws Error for other pairs.
+void castScale(DataType dstType, void* dst, DataType srcType, const void* src, size_t count,
+               double factor);
+
+}  // namespace collx

@@ -251,7 +251,45 @@ void divideLoop(void* bufv, size_t n, int64_t d) {
   }
 }
 
+template <typename Half>
+void castScaleHalf(void* dstv, DataType dstType, const void* srcv, size_t n, float f) {
+  float a[kBlock];
+  if (dstType == DataType::kFloat32) {  // half -> float
+    auto* src = static_cast<const Half*>(srcv);
+    auto* dst = static_cast<float*>(dstv);
+    for (size_t base = 0; base < n; base += kBlock) {
+      size_t k = std::min(kBlock, n - base);
+      widen(src + base, dst + base, k);
+      for (size_t i = 0; i < k; ++i) dst[base + i] *= f;
+    }
+  } else {  // float -> half
+    auto* src = static_cast<const float*>(srcv);
+    auto* dst = static_cast<Half*>(dstv);
+    for (size_t base = 0; base < n; base += kBlock) {
+      size_t k = std::min(kBlock, n - base);
+      for (size_t i = 0; i < k; ++i) a[i] = src[base + i] * f;
+      narrow(a, dst + base, k);
+    }
+  }
+}
+
 }  // namespace
+
+void castScale(DataType dstType, void* dst, DataType srcType, const void* src, size_t count,
+               double factor) {
+  const float f = float(factor);
+  auto is16 = [](DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; };
+  if (srcType == DataType::kFloat32 && is16(dstType)) {
+    if (dstType == DataType::kFloat16) return castScaleHalf<_Float16>(dst, dstType, src, count, f);
+    return castScaleHalf<BF16>(dst, dstType, src, count, f);
+  }
+  if (dstType == DataType::kFloat32 && is16(srcType)) {
+    if (srcType == DataType::kFloat16) return castScaleHalf<_Float16>(dst, dstType, src, count, f);
+    return castScaleHalf<BF16>(dst, dstType, src, count, f);
+  }
+  throw Error(str("collx: cast-and-scale supports float32 <-> float16/bfloat16, not ", name(srcType),
+                  " -> ", name(dstType)));
+}
 
 ReduceFn cpuReduceFn(DataType dtype, ReduceOp op) {
   ReduceFn fn = nullptr;

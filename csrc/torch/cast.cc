@@ -1,0 +1,46 @@
+#include "cast.h"
+
+#include <c10/util/Exception.h>
+
+#include "core/error.h"
+#include "core/reduce/reduce.h"
+#include "tensor_checks.h"
+
+#ifdef COLLX_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/kernels.h"
+#endif
+
+namespace collx::torch_glue {
+
+void castScale(at::Tensor& dst, const at::Tensor& src, double factor) {
+  const char* op = "cast_scale";
+  TORCH_CHECK(dst.numel() == src.numel(), "collx cast_scale: dst has ", dst.numel(), " elements, src ",
+              src.numel());
+  TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "collx cast_scale: tensors must be contiguous");
+  TORCH_CHECK(dst.device() == src.device(), "collx cast_scale: tensors on ", dst.device(), " and ",
+              src.device());
+  const DataType dt = coreDtype(dst, op, -1), st = coreDtype(src, op, -1);
+  if (dst.device().is_cpu()) {
+    try {
+      collx::castScale(dt, dst.data_ptr(), st, src.data_ptr(), size_t(src.numel()), factor);
+    } catch (const Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    return;
+  }
+#ifdef COLLX_WITH_CUDA
+  TORCH_CHECK(dst.device().is_cuda(), "collx cast_scale: unsupported device ", dst.device());
+  c10::cuda::CUDAGuard guard(dst.device());
+  auto stream = reinterpret_cast<cuda::Stream>(c10::cuda::getCurrentCUDAStream().stream());
+  int err = cuda::castScale(dt, dst.data_ptr(), st, src.data_ptr(), size_t(src.numel()), factor, stream);
+  TORCH_CHECK(err == 0, "collx cast_scale: CUDA launch failed with error ", err, " (", collx::name(st), " -> ",
+              collx::name(dt), ")");
+#else
+  TORCH_CHECK(false, "collx cast_scale: tensor on ", dst.device(), " but this build has no CUDA kernels");
+#endif
+}
+
+}  // namespace collx::torch_glue
