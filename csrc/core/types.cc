@@ -19,7 +19,9 @@ static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == size_t(DataType::kCount));
 constexpr const char* kOps[] = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == size_t(ReduceOp::kCount));
 
-constexpr const char* kKinds[] = {"all_reduce", "broadcast", "all_gather", "barrier", "hello"};
+constexpr const char* kKinds[] = {"all_reduce", "broadcast",      "all_gather", "barrier",
+                                  "hello",      "reduce",         "reduce_scatter", "all_to_all",
+                                  "gather",     "scatter",        "send/recv"};
 static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == size_t(OpKind::kCount));
 
 template <typename T>

@@ -40,6 +40,12 @@ enum class OpKind : uint8_t {
   kAllgather,
   kBarrier,
   kHello,
+  kReduce,
+  kReduceScatter,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kP2P,  // send / recv; seq is the per-pair p2p count, tag the user's tag
   kCount,
 };
 

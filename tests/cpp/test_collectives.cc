@@ -72,7 +72,7 @@ void testBroadcast(Group& g, uint64_t& seq, size_t count, int root, size_t seg, 
     std::vector<int32_t> buf(count, -1);
     if (r == root) for (size_t i = 0; i < count; ++i) buf[i] = int32_t(i * 13 + root);
     auto c = make(*g.devices[r], OpKind::kBroadcast, DataType::kInt32, seq, seg, arity);
-    broadcast(c, buf.data(), count * 4, root);
+    broadcast(c, buf.data(), count, root);
     for (size_t i = 0; i < count; ++i) {
       CHECK(buf[i] == int32_t(i * 13 + root), "bcast n=", n, " root=", root, " rank=", r, " i=", i);
     }
@@ -91,6 +91,63 @@ void testAllgather(Group& g, uint64_t& seq, size_t block, size_t seg) {
       for (size_t i = 0; i < block; ++i) {
         CHECK(out[q * block + i] == uint8_t(q * 37 + i), "allgather n=", n, " rank=", r);
       }
+    }
+  });
+}
+
+void testReduce(Group& g, uint64_t& seq, size_t count, int root, size_t seg) {
+  int n = int(g.devices.size());
+  ++seq;
+  test::runRanks(n, [&](int r) {
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
+    auto c = make(*g.devices[r], OpKind::kReduce, DataType::kFloat32, seq, seg, 2);
+    reduce(c, buf.data(), count, root, cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    if (r != root) return;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += valueOf(q, i);
+      CHECK(buf[i] == want, "reduce n=", n, " root=", root, " count=", count, " i=", i);
+    }
+  });
+}
+
+void testReduceScatter(Group& g, uint64_t& seq, size_t block, size_t seg) {
+  int n = int(g.devices.size());
+  ++seq;
+  test::runRanks(n, [&](int r) {
+    std::vector<float> buf(block * n);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = valueOf(r, i);
+    auto c = make(*g.devices[r], OpKind::kReduceScatter, DataType::kFloat32, seq, seg, 2);
+    reduceScatter(c, buf.data(), block, cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    for (size_t i = r * block; i < (r + 1) * block; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += valueOf(q, i);
+      CHECK(buf[i] == want, "reduce_scatter n=", n, " block=", block, " rank=", r, " i=", i);
+    }
+  });
+}
+
+// Uneven all-to-all: rank r sends (r + j + 1) * scale bytes to rank j.
+void testAllToAll(Group& g, uint64_t& seq, size_t scale) {
+  int n = int(g.devices.size());
+  ++seq;
+  auto bytes = [&](int from, int to) { return size_t(from + to + 1) * scale; };
+  test::runRanks(n, [&](int r) {
+    std::vector<std::vector<uint8_t>> out(n), in(n);
+    std::vector<Transfer> sends, recvs;
+    auto c = make(*g.devices[r], OpKind::kAllToAll, DataType::kUInt8, seq, 1 << 20, 2);
+    for (int j = 0; j < n; ++j) {
+      out[j].assign(bytes(r, j), uint8_t(r * 16 + j));
+      in[j].assign(bytes(j, r), 0);
+      if (j == r) continue;
+      sends.push_back({j, out[j].data(), out[j].size(), c.frame(0)});
+      recvs.push_back({j, in[j].data(), in[j].size(), c.frame(0)});
+    }
+    exchange(c, sends, recvs);
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      for (uint8_t v : in[j]) CHECK(v == uint8_t(j * 16 + r), "all_to_all n=", n, " from ", j, " to ", r);
     }
   });
 }
@@ -152,7 +209,12 @@ int main() {
       testMaxInt64(g, seq, Algorithm::kTree, std::min<size_t>(count, 5000));
       for (int root = 0; root < n; ++root) testBroadcast(g, seq, std::min<size_t>(count, 30001), root, 1024, 2);
       testAllgather(g, seq, std::min<size_t>(count, 50001), 4096);
+      testReduceScatter(g, seq, std::min<size_t>(count, 30001), 4096);
+      for (int root = 0; root < n; ++root) testReduce(g, seq, std::min<size_t>(count, 30001), root, 1024);
     }
+    testAllgather(g, seq, 300000, 64 << 10);  // large blocks take the ring
+    testAllToAll(g, seq, 1);
+    testAllToAll(g, seq, 100003);
     std::printf("collectives: world size %d ok\n", n);
   }
   testMismatchIsReported();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "../reduce/reduce.h"
 #include "collective.h"
@@ -20,13 +21,37 @@ void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 // Runs `algo` (kAuto picks by the cost model) and returns the one that ran.
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn);
 
-// Pipelined tree broadcast of `bytes` at `buf` from `root`.
-void broadcast(const Collective& c, void* buf, size_t bytes, int root);
+// Broadcast of `count` elements from `root`: direct sends or a pipelined
+// tree, whichever the cost model prefers for the size.
+void broadcast(const Collective& c, void* buf, size_t count, int root);
 
-// Ring all-gather of `blockCount` elements per rank: rank r's block sits at
-// out + r·blockCount elements on entry;
-// on return every block is everywhere.
+// Reduce to `root` (direct or tree, by size). Only the root's buffer holds the
+// result; other ranks' buffers are scratch and end up with partial sums.
+void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn);
+
+// All-gather of `blockCount` elements per rank: rank r's block sits at
+// out + r·blockCount elements on entry; on return every block is everywhere.
+// Direct exchange for small blocks, ring for large ones.
 void allgather(const Collective& c, void* out, size_t blockCount);
+void ringAllgather(const Collective& c, void* out, size_t blockCount);
+
+// Ring reduce-scatter: `buf` holds n blocks of `blockCount` elements; on
+// return block r of rank r holds the reduction of everyone's block r (the
+// other blocks are scratch).
+void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn);
+
+// One message of a direct exchange: to or from `peer`, with its own frame.
+struct Transfer {
+  int peer;
+  void* data;
+  size_t bytes;
+  Frame frame;
+};
+
+// Posts every send and receive at once and waits for all of them: the direct
+// pattern behind all-to-all, gather, scatter and batched send/recv.
+void exchange(const Collective& c, const std::vector<Transfer>& sends,
+              const std::vector<Transfer>& recvs);
 
 // ---- building blocks shared by the entry points above ----
 
@@ -39,7 +64,8 @@ void ringPass(const Collective& c, char* buf, size_t count, int shift, int steps
               int reduceSteps, ReduceFn fn);
 
 // The tree engine (tree.cc): reduce up to `root` (skipped when fn is null),
-// then broadcast down, both pipelined by segment.
-void treePass(const Collective& c, char* buf, size_t count, int root, int arity, ReduceFn fn);
+// then, if `down`, broadcast down; both pipelined by segment.
+void treePass(const Collective& c, char* buf, size_t count, int root, int arity, ReduceFn fn,
+              bool down);
 
 }  // namespace collx

@@ -92,8 +92,13 @@ void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
   ringPass(c, static_cast<char*>(buf), count, 0, 2 * (c.size() - 1), c.size() - 1, fn);
 }
 
-void allgather(const Collective& c, void* out, size_t blockCount) {
+void ringAllgather(const Collective& c, void* out, size_t blockCount) {
   ringPass(c, static_cast<char*>(out), blockCount * size_t(c.size()), 0, c.size() - 1, 0, nullptr);
+}
+
+void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn) {
+  // shift -1: after n-1 steps rank r holds the full sum of chunk r.
+  ringPass(c, static_cast<char*>(buf), blockCount * size_t(c.size()), -1, c.size() - 1, c.size() - 1, fn);
 }
 
 }  // namespace collx

@@ -15,7 +15,7 @@
 namespace collx {
 
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
-  treePass(c, static_cast<char*>(buf), count, 0, std::max(1, c.size() - 1), fn);
+  treePass(c, static_cast<char*>(buf), count, 0, std::max(1, c.size() - 1), fn, true);
 }
 
 }  // namespace collx

@@ -1,4 +1,5 @@
-// k-ary tree all-reduce (and, without the reduce half, broadcast).
+// k-ary tree all-reduce; without the reduce half it is broadcast, without the
+// broadcast half it is reduce.
 //
 //            0               reduce up:   each node adds its children's
 //          /   \                          segment j to its own, in child
@@ -16,6 +17,7 @@
 #include "../error.h"
 #include "algorithms.h"
 #include "tree_topology.h"
+#include "tuning.h"
 
 namespace collx {
 
@@ -30,7 +32,7 @@ inline uint64_t cookie(uint64_t kind, size_t seg, size_t child = 0) {
 }
 }  // namespace
 
-void treePass(const Collective& c, char* buf, size_t count, int root, int arity, ReduceFn fn) {
+void treePass(const Collective& c, char* buf, size_t count, int root, int arity, ReduceFn fn, bool down) {
   const int n = c.size();
   if (n == 1) return;
   COLLX_CHECK(arity >= 1, "collx: tree arity must be >= 1, got ", arity);
@@ -73,11 +75,11 @@ void treePass(const Collective& c, char* buf, size_t count, int root, int arity,
     char* p;
     size_t bytes = seg(j, &p);
     for (size_t k = 0; k < kids; ++k) fn(p, slot(j, k), bytes / es);
-    if (node.parent < 0) {
-      sendDown(j);
-    } else {
+    if (node.parent >= 0) {
       t.postSend(node.parent, c.frame(uint32_t(j)), p, bytes, cookie(kSend, j));
-      t.postRecv(node.parent, c.frame(kDown | uint32_t(j)), p, bytes, cookie(kDownRecv, j));
+      if (down) t.postRecv(node.parent, c.frame(kDown | uint32_t(j)), p, bytes, cookie(kDownRecv, j));
+    } else if (down) {
+      sendDown(j);
     }
   };
   auto advance = [&] {
@@ -115,13 +117,21 @@ void treePass(const Collective& c, char* buf, size_t count, int root, int arity,
 }
 
 void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
-  treePass(c, static_cast<char*>(buf), count, 0, c.treeArity, fn);
+  treePass(c, static_cast<char*>(buf), count, 0, c.treeArity, fn, true);
 }
 
-void broadcast(const Collective& c, void* buf, size_t bytes, int root) {
+void broadcast(const Collective& c, void* buf, size_t count, int root) {
   COLLX_CHECK(root >= 0 && root < c.size(), "collx rank ", c.rank(), ": broadcast root ", root,
               " is out of range for a group of size ", c.size());
-  treePass(c, static_cast<char*>(buf), bytes / elementSize(c.dtype), root, c.treeArity, nullptr);
+  int arity = chooseTreeArity(c.size(), c.treeArity, count * elementSize(c.dtype));
+  treePass(c, static_cast<char*>(buf), count, root, arity, nullptr, true);
+}
+
+void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn) {
+  COLLX_CHECK(root >= 0 && root < c.size(), "collx rank ", c.rank(), ": reduce root ", root,
+              " is out of range for a group of size ", c.size());
+  int arity = chooseTreeArity(c.size(), c.treeArity, count * elementSize(c.dtype));
+  treePass(c, static_cast<char*>(buf), count, root, arity, fn, false);
 }
 
 }  // namespace collx

@@ -69,4 +69,22 @@ Algorithm chooseAllreduce(int n, int arity, size_t bytes) {
   return best;
 }
 
+int chooseTreeArity(int n, int arity, size_t bytes) {
+  // One pipelined pass: depth(k) steps; the busiest node sends k copies.
+  const Cost& k = kCost[size_t(Algorithm::kTree)];
+  auto us = [&](int a) {
+    return k.latencyUs * treeDepth(n, a) + double(bytes) * std::min(a, n - 1) / k.bandwidth;
+  };
+  int direct = std::max(1, n - 1);
+  return us(direct) <= us(arity) ? direct : arity;
+}
+
+bool allgatherDirect(int n, size_t blockBytes) {
+  // Both send (n-1) blocks per rank; the ring pays n-1 dependent steps, the
+  // direct exchange one step but n-1 concurrent streams into every rank,
+  // which stops paying once the blocks are large (measured: 256 KiB).
+  constexpr size_t kDirectMaxBlockBytes = 256 << 10;
+  return n <= 2 || blockBytes <= kDirectMaxBlockBytes;
+}
+
 }  // namespace collx

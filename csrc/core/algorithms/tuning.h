@@ -16,4 +16,12 @@ double predictAllreduceUs(Algorithm algo, int n, int arity, size_t bytes);
 // The argmin of predictAllreduceUs over ring, tree and star.
 Algorithm chooseAllreduce(int n, int arity, size_t bytes);
 
+// For one-way tree collectives (broadcast, reduce): `arity`, or n-1 (direct
+// to/from the root) when that is predicted faster for `bytes`.
+int chooseTreeArity(int n, int arity, size_t bytes);
+
+// Whether all-gather of `blockBytes` per rank should exchange directly (one
+// step, every pair at once) rather than go around the ring.
+bool allgatherDirect(int n, size_t blockBytes);
+
 }  // namespace collx
