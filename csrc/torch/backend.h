@@ -1,6 +1,6 @@
 // The c10d::Backend of collx. Thin on purpose: it validates tensors, maps
-// dtypes and reduce ops onto the core, and queues each collective on the
-// group's Executor; the core does the communication.
+// dtypes and reduce ops onto the core, and queues each op on the group's
+// Executor; the core does the communication. The ops live in ops_*.cc.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -16,6 +16,8 @@
 #include "core/transport/tcp/device.h"
 
 namespace collx::torch_glue {
+
+class CollxWork;
 
 struct Config {
   Algorithm algorithm = Algorithm::kAuto;
@@ -44,10 +46,27 @@ class CollxBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "collx"; }
 
+  // ops_reduce.cc
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  // all_reduce with the algorithm chosen per call (the DDP comm hook's
+  // entry); `algorithm` kAuto defers to the cost model.
+  c10::intrusive_ptr<c10d::Work> allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
+                                               Algorithm algorithm);
+
+  // ops_gather.cc
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -55,38 +74,81 @@ class CollxBackend : public c10d::Backend {
                                            const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
 
+  // ops_p2p.cc: send/recv run in issue order like collectives (NCCL's rule);
+  // batch_isend_irecv coalesces them into one exchange.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  // backend.cc
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setSequenceNumberForGroup() override {}  // sequence numbers start at 0 on every rank
-
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   void shutdown() override;
-
-  // all_reduce with the algorithm chosen per call (the DDP comm hook's
-  // entry); `algorithm` kAuto defers to the cost model.
-  c10::intrusive_ptr<c10d::Work> allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
-                                               Algorithm algorithm);
 
   Stats stats() const;
   const Config& config() const { return config_; }
 
  private:
-  // Runs on the executor thread; returns the stats label of what ran.
+  // Runs on the executor (or inline in a waiting caller); returns the stats
+  // label of what ran.
   using Body = std::function<std::string(const Collective&)>;
 
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, OpKind kind, DataType dtype,
-                                         std::vector<at::Tensor> outputs,
-                                         std::chrono::milliseconds timeout, Body body);
+  // Queues a collective (numbered in the group's sequence) or a p2p op.
+  c10::intrusive_ptr<CollxWork> enqueue(c10d::OpType type, OpKind kind, DataType dtype,
+                                        std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                        Body body, bool collective = true);
   c10::intrusive_ptr<c10d::Work> allreduceFlat(c10d::OpType type, at::Tensor flat,
-                                               std::vector<at::Tensor> outputs,
-                                               const c10d::ReduceOp& op, Algorithm algorithm,
-                                               std::chrono::milliseconds timeout);
+                                               std::vector<at::Tensor> outputs, const c10d::ReduceOp& op,
+                                               Algorithm algorithm, std::chrono::milliseconds timeout);
+
+  // A send or receive recorded for the executor; seq numbers are drawn when it
+  // runs, so they follow execution order on both sides.
+  struct P2POp {
+    bool isSend;
+    int peer;  // -1: any source
+    int tag;
+    at::Tensor tensor;
+  };
+  c10::intrusive_ptr<c10d::Work> runP2P(std::vector<P2POp> ops, c10d::OpType type);
 
   const Config config_;
   const std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Device> device_;
   std::atomic<uint64_t> seq_{0};
   Workspace workspace_;  // used by the one op running at a time
+  std::vector<uint64_t> p2pSent_, p2pReceived_;  // per peer; executor-side only
+  std::mutex coalesceMutex_;
+  bool coalescing_ = false;
+  std::vector<P2POp> coalesced_;
   mutable std::mutex statsMutex_;
   Stats stats_;
   // Shared with the Works, which may run their op inline (see Executor).

@@ -15,6 +15,11 @@ void CollxWork::attach(std::shared_ptr<Executor> executor, uint64_t taskId) {
   taskId_ = taskId;
 }
 
+int CollxWork::sourceRank() const {
+  TORCH_CHECK(source_, "collx: sourceRank() is only defined for a receive from any source");
+  return source_->load();
+}
+
 bool CollxWork::wait(std::chrono::milliseconds timeout) {
   if (executor_) executor_->runUntil(taskId_);
   return c10d::Work::wait(timeout);

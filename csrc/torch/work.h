@@ -7,6 +7,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <memory>
 
 #include "core/executor.h"
@@ -21,6 +22,9 @@ class CollxWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   uint64_t getSequencenumber() const override { return seq_; }
+  // For a receive from any source: the rank it came from, once done.
+  int sourceRank() const override;
+  void setSourceSlot(std::shared_ptr<std::atomic<int>> slot) { source_ = std::move(slot); }
 
   // A caller about to block runs the op itself when the group is idle.
   bool wait(std::chrono::milliseconds timeout) override;
@@ -34,6 +38,7 @@ class CollxWork : public c10d::Work {
  private:
   std::shared_ptr<Executor> executor_;
   uint64_t taskId_ = 0;
+  std::shared_ptr<std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   uint64_t seq_;

@@ -152,6 +152,38 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   }
 }
 
+int Device::waitForMessage(OpKind kind, uint32_t tag, Deadline deadline) {
+  throwIfBroken();
+  std::vector<pollfd> fds;
+  try {
+    for (;;) {
+      fds.clear();
+      for (auto& p : pairs_) {
+        if (!p || p->wantsRead()) continue;
+        FrameHeader h;
+        if (!p->peekHeader(h)) {
+          fds.push_back({p->fd(), POLLIN, 0});
+        } else if (h.kind == uint8_t(kind) && h.tag == tag) {
+          return p->peer();
+        }  // else another message waits there first: not ours
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        breakWith(TimeoutError(str("collx rank ", rank_, ": timed out waiting for a ", name(kind), " message with tag ",
+                                   tag, " from any source")),
+                  true);
+      }
+      int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
+      if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
+    }
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const Error& e) {
+    if (error_.empty()) breakWith(e, false);
+    throw;
+  }
+}
+
 TransportCounters Device::counters() const {
   std::lock_guard<std::mutex> lock(countersMutex_);
   return counters_;

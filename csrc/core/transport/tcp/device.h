@@ -31,6 +31,7 @@ class Device : public Transport {
                 uint64_t cookie) override;
   void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
   void waitSome(std::vector<uint64_t>& done, Deadline deadline) override;
+  int waitForMessage(OpKind kind, uint32_t tag, Deadline deadline) override;
   size_t pending() const override { return pending_; }
   TransportCounters counters() const override;
   void close() override;

@@ -179,6 +179,12 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
   }
 }
 
+bool Pair::peekHeader(FrameHeader& header) {
+  if (!fill(sizeof(FrameHeader))) return false;
+  memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
+  return true;
+}
+
 std::string Pair::describePending() const {
   std::string s;
   if (!recvs_.empty()) {

@@ -29,6 +29,10 @@ class Pair {
   void progressSend(std::vector<uint64_t>& done);
   void progressRecv(std::vector<uint64_t>& done);
 
+  // The header of the next unread message, if it has arrived (no receive
+  // may be posted). Throws like progressRecv.
+  bool peekHeader(FrameHeader& header);
+
   // A short description of what this pair still waits for, for timeouts.
   std::string describePending() const;
 

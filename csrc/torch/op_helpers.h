@@ -1,0 +1,72 @@
+// Small helpers shared by the op files of the Backend.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <exception>
+
+#include "core/algorithms/collective.h"
+#include "tensor_checks.h"
+
+namespace collx::torch_glue {
+
+inline std::exception_ptr distError(const std::string& msg) {
+  try {
+    C10_THROW_ERROR(DistBackendError, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Runs fn, turning core errors raised in the caller thread into DistBackendError.
+template <typename Fn>
+auto asDistError(const char* op, int rank, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    fail(op, rank, e.what());
+  }
+}
+
+inline std::chrono::milliseconds opTimeout(std::chrono::milliseconds opt, std::chrono::milliseconds group) {
+  return opt.count() > 0 ? opt : group;  // kUnsetTimeout (-1 ms) means the group's
+}
+
+// Contiguous tensors run in place; others through a contiguous copy.
+inline at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// Copies consecutive slices of `flat` into `outputs`, unless `flat` already
+// is the storage of the single output.
+inline void scatterBack(const at::Tensor& flat, const std::vector<at::Tensor>& outputs) {
+  if (outputs.size() == 1 && outputs[0].data_ptr() == flat.data_ptr() && outputs[0].is_contiguous()) return;
+  int64_t offset = 0;
+  for (const auto& out : outputs) {
+    out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
+    offset += out.numel();
+  }
+}
+
+// One flat contiguous copy of `tensors`, in order (inputs stay untouched).
+inline at::Tensor flatCopy(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flats;
+  for (const auto& t : tensors) flats.push_back(t.reshape(-1));
+  return at::cat(flats);
+}
+
+// Every tensor of `ts` matches `like` in dtype and element count.
+inline void checkSameShape(const std::vector<at::Tensor>& ts, const at::Tensor& like, const char* op, int rank,
+                           const char* what) {
+  for (const auto& t : ts) {
+    checkTensor(t, op, rank);
+    if (t.numel() != like.numel() || t.scalar_type() != like.scalar_type()) {
+      fail(op, rank, collx::str("every ", what, " must match ", like.numel(), " x ", like.scalar_type(),
+                                ", got ", t.numel(), " x ", t.scalar_type()));
+    }
+  }
+}
+
+// "op/direct" or "op/tree": which shape a one-way tree collective took.
+std::string treeLabel(const char* op, const Collective& c, size_t bytes);
+
+}  // namespace collx::torch_glue
