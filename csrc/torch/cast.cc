@@ -43,4 +43,38 @@ void castScale(at::Tensor& dst, const at::Tensor& src, double factor) {
 #endif
 }
 
+void reduceInto(at::Tensor& dst, const at::Tensor& src, const std::string& opName, double postScale) {
+  TORCH_CHECK(dst.numel() == src.numel() && dst.scalar_type() == src.scalar_type(),
+              "collx reduce_into: dst and src must match in dtype and size");
+  TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "collx reduce_into: tensors must be contiguous");
+  TORCH_CHECK(dst.device() == src.device(), "collx reduce_into: tensors on ", dst.device(), " and ", src.device());
+  static const std::pair<const char*, ReduceOp> kOps[] = {
+      {"sum", ReduceOp::kSum}, {"product", ReduceOp::kProduct}, {"min", ReduceOp::kMin}, {"max", ReduceOp::kMax},
+      {"band", ReduceOp::kBand}, {"bor", ReduceOp::kBor}, {"bxor", ReduceOp::kBxor}};
+  const ReduceOp* op = nullptr;
+  for (const auto& [n, o] : kOps) {
+    if (opName == n) op = &o;
+  }
+  TORCH_CHECK(op, "collx reduce_into: unknown op '", opName, "'");
+  const DataType dt = coreDtype(dst, "reduce_into", -1);
+  const size_t n = size_t(dst.numel());
+  if (dst.device().is_cpu()) {
+    try {
+      cpuReduceFn(dt, *op)(dst.data_ptr(), src.data_ptr(), n);
+      if (postScale != 1.0) scaleInPlace(dt, dst.data_ptr(), n, postScale);
+    } catch (const Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    return;
+  }
+#ifdef COLLX_WITH_CUDA
+  c10::cuda::CUDAGuard guard(dst.device());
+  auto stream = reinterpret_cast<cuda::Stream>(c10::cuda::getCurrentCUDAStream().stream());
+  int err = cuda::reduce(dt, *op, dst.data_ptr(), src.data_ptr(), n, postScale, stream);
+  TORCH_CHECK(err == 0, "collx reduce_into: CUDA error ", err, " (", collx::name(dt), " ", opName, ")");
+#else
+  TORCH_CHECK(false, "collx reduce_into: tensor on ", dst.device(), " but this build has no CUDA kernels");
+#endif
+}
+
 }  // namespace collx::torch_glue

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One-shot GPU check, run on the GPU machine (H100, torch 2.11 + CUDA 13, no
+# network) as:  bash scripts/gpu_check.sh OUTDIR
+# Builds collx there with its CUDA kernels, runs the kernel tests (CPU and
+# CUDA twins), the kernel benchmark, and the CPU-tensor test suite and
+# all-reduce benchmark on torch 2.11. Writes logs and figures into OUTDIR.
+set -uo pipefail
+OUT=${1:?usage: gpu_check.sh OUTDIR}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST=9.0 PYTHONPATH=$PWD
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  start=$(date +%s)
+  $PY setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - start )) s"
+  $PY -c "import torchcollx; print('cuda_kernels', torchcollx._C.cuda_kernels)"
+} 2>&1 | tee "$OUT/summary.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || exit 1
+
+run() {  # name, timeout, command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name" | tee -a "$OUT/summary.txt"
+  timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
+  echo "rc=$? $(tail -1 "$OUT/$name.txt")" | tee -a "$OUT/summary.txt"
+}
+run test_kernels 120 $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider
+run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
+run test_cpu_suite 300 $PY -m pytest tests/test_allreduce.py tests/test_collectives.py tests/test_ddp.py -q -x -p no:cacheprovider
+run bench_allreduce_n4 240 $PY -m torch.distributed.run --nproc_per_node=4 benchmarks/allreduce.py \
+  --sizes 4,64K,1M,16M,64M --time-per-point 0.3 --plot "$OUT/allreduce_n4.png"
+cat "$OUT/bench_kernels.txt" >> "$OUT/summary.txt"
