@@ -8,10 +8,11 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from . import _C
+from .ddp import CommHookState, comm_hook
 from .options import ALGORITHMS, Options
-from .stats import get_stats
+from .stats import get_stats, hook_stats
 
-__all__ = ["Options", "ALGORITHMS", "get_stats", "BACKEND_NAME"]
+__all__ = ["Options", "ALGORITHMS", "get_stats", "hook_stats", "BACKEND_NAME", "CommHookState", "comm_hook"]
 
 BACKEND_NAME = "collx"
 
