@@ -46,6 +46,7 @@ enum class OpKind : uint8_t {
   kGather,
   kScatter,
   kP2P,  // send / recv; seq is the per-pair p2p count, tag the user's tag
+  kAbort,  // a rank failed; the payload says why
   kCount,
 };
 

@@ -96,7 +96,12 @@ void Device::breakWith(const std::exception& e, bool isTimeout) {
   error_ = interrupted_ ? str("collx rank ", rank_, ": the process group was shut down while this op was in flight")
                        : std::string(e.what());
   errorIsTimeout_ = isTimeout && !interrupted_;
-  // The byte streams are now at unknown positions: nothing more can be matched.
+  // Tell every peer why, so that ranks waiting on this one fail now with the
+  // cause instead of at their timeout; then close, since the byte streams
+  // are at unknown positions and nothing more can be matched.
+  for (auto& p : pairs_) {
+    if (p) p->sendAbort(error_);
+  }
   closeSockets();
   pending_ = 0;
   throwIfBroken();

@@ -16,6 +16,7 @@ constexpr size_t kRxBufferBytes = 64 << 10;
 // recv() picks up several small frames; larger ones are read in place.
 constexpr size_t kDirectReadBytes = 16 << 10;
 constexpr int kMaxIov = 64;
+constexpr size_t kMaxAbortBytes = 2048;  // fits the receive buffer with its header
 
 std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, uint64_t bytes) {
   size_t es = elementSize(dtype);
@@ -116,7 +117,32 @@ bool Pair::fill(size_t want) {
   return true;
 }
 
-void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) const {
+void Pair::sendAbort(const std::string& reason) {
+  if (!socket_.valid() || (!sends_.empty() && sends_.front().done > 0)) return;
+  std::string why = reason.substr(0, kMaxAbortBytes);
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.kind = uint8_t(OpKind::kAbort);
+  h.bytes = why.size();
+  std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
+  frame += why;
+  ssize_t rc = ::send(socket_.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)rc;  // the connection closes next either way
+}
+
+void Pair::throwAbort(const FrameHeader& h) {
+  std::string why = "(no reason received)";
+  size_t n = std::min<size_t>(h.bytes, kMaxAbortBytes);
+  rxBegin_ += sizeof(FrameHeader);
+  try {
+    if (fill(n)) why.assign(rx_.data() + rxBegin_, n);
+  } catch (const Error&) {
+  }
+  throw Error(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ", why));
+}
+
+void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {
+  if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
   if (h.magic != kFrameMagic) {
     throw Error(str("collx rank ", rank_, ": corrupt frame from peer ", peer_,
                     " (bad magic) while expecting ",
@@ -143,8 +169,8 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
       if (!fill(sizeof(FrameHeader))) return;
       FrameHeader h;
       memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
-      rxBegin_ += sizeof(h);
       checkHeader(h, op);
+      rxBegin_ += sizeof(h);
       op.headerDone = true;
     }
     while (op.got < op.bytes) {
@@ -182,6 +208,7 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
 bool Pair::peekHeader(FrameHeader& header) {
   if (!fill(sizeof(FrameHeader))) return false;
   memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
+  if (header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kAbort)) throwAbort(header);
   return true;
 }
 

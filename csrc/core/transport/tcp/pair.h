@@ -41,6 +41,10 @@ class Pair {
 
   void close() { socket_.reset(); }
 
+  // Best effort, never blocks: tells the peer why this rank gives up, unless
+  // a message is half sent (the peer then just sees the connection close).
+  void sendAbort(const std::string& reason);
+
  private:
   struct SendOp {
     FrameHeader header;
@@ -61,7 +65,9 @@ class Pair {
   // Ensures at least `want` bytes sit in the receive buffer; false if the
   // socket has no more right now.
   bool fill(size_t want);
-  void checkHeader(const FrameHeader& h, const RecvOp& op) const;
+  void checkHeader(const FrameHeader& h, const RecvOp& op);
+  // Throws the reason carried by a peer's abort frame.
+  [[noreturn]] void throwAbort(const FrameHeader& h);
   [[noreturn]] void fail(const std::string& what, int err) const;
 
   int rank_;
