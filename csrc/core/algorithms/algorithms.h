@@ -9,7 +9,7 @@
 
 namespace collx {
 
-enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kStar, kCount };
+enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kStar, kDirect, kCount };
 const char* name(Algorithm a);
 Algorithm parseAlgorithm(const char* s);  // throws Error on an unknown name
 
@@ -17,6 +17,7 @@ Algorithm parseAlgorithm(const char* s);  // throws Error on an unknown name
 void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
+void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 
 // Runs `algo` (kAuto picks by the cost model) and returns the one that ran.
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn);

@@ -9,7 +9,7 @@
 namespace collx {
 
 namespace {
-constexpr const char* kNames[] = {"auto", "ring", "tree", "star"};
+constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Algorithm::kCount));
 }  // namespace
 
@@ -21,7 +21,7 @@ Algorithm parseAlgorithm(const char* s) {
   for (size_t i = 0; i < size_t(Algorithm::kCount); ++i) {
     if (strcmp(s, kNames[i]) == 0) return Algorithm(i);
   }
-  throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree or star)"));
+  throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree, star or direct)"));
 }
 
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn) {
@@ -32,6 +32,7 @@ Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count
     case Algorithm::kRing: ringAllreduce(c, buf, count, fn); break;
     case Algorithm::kTree: treeAllreduce(c, buf, count, fn); break;
     case Algorithm::kStar: starAllreduce(c, buf, count, fn); break;
+    case Algorithm::kDirect: directAllreduce(c, buf, count, fn); break;
     default: throw Error(str("collx: invalid all-reduce algorithm ", int(algo)));
   }
   return algo;

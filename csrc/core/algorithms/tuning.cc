@@ -10,10 +10,14 @@ namespace collx {
 
 namespace {
 
-// Measured on the 2-core development machine over loopback TCP with
-// benchmarks/allreduce.py (see README "Tuning"). One row per algorithm:
+// Fitted to benchmarks/allreduce.py on the 2-core development machine over
+// loopback TCP (n=2 and n=4; the note of the foundation issue has the runs).
+// One row per algorithm:
 //   latencyUs: cost of one dependent message step (syscalls + wakeup)
-//   bandwidth: bytes/us one rank sustains per direction
+//   bandwidth: bytes/us the busiest rank sustains per direction
+// Star and direct get half the bandwidth: the root (star) or every rank
+// (direct) reduces n-1 buffers after they arrive instead of overlapping the
+// reduction with the transfer, which on 2 cores costs as much as the copies.
 struct Cost {
   double latencyUs;
   double bandwidth;
@@ -22,7 +26,8 @@ constexpr Cost kCost[] = {
     /* auto */ {0, 1},
     /* ring */ {30.0, 1000.0},
     /* tree */ {30.0, 1000.0},
-    /* star */ {30.0, 1000.0},
+    /* star */ {30.0, 500.0},
+    /* direct */ {30.0, 500.0},
 };
 static_assert(sizeof(kCost) / sizeof(kCost[0]) == size_t(Algorithm::kCount));
 
@@ -32,6 +37,7 @@ double steps(Algorithm a, int n, int arity) {
     case Algorithm::kRing: return 2.0 * (n - 1);
     case Algorithm::kTree: return 2.0 * treeDepth(n, arity);
     case Algorithm::kStar: return 2.0;
+    case Algorithm::kDirect: return 1.0;
     default: return 0;
   }
 }
@@ -44,6 +50,7 @@ double factor(Algorithm a, int n, int arity) {
     case Algorithm::kRing: return 2.0 * (n - 1) / n;
     case Algorithm::kTree: return 1.0 + std::min(arity, n - 1);
     case Algorithm::kStar: return n - 1.0;
+    case Algorithm::kDirect: return n - 1.0;
     default: return 0;
   }
 }
@@ -59,7 +66,7 @@ double predictAllreduceUs(Algorithm a, int n, int arity, size_t bytes) {
 Algorithm chooseAllreduce(int n, int arity, size_t bytes) {
   Algorithm best = Algorithm::kRing;
   double bestUs = std::numeric_limits<double>::infinity();
-  for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar}) {
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar, Algorithm::kDirect}) {
     double us = predictAllreduceUs(a, n, arity, bytes);
     if (us < bestUs) {
       best = a;
