@@ -5,6 +5,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace collx {
 
@@ -19,11 +21,31 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+namespace detail {
+// Numbers go through std::to_string, not an ostream: an ostream's numeric
+// insertion instantiated inside the extension crashed on a toolchain whose
+// libstdc++ differs from the headers (GCC 13 headers, torch 2.11 image).
+template <typename T>
+void append(std::string& out, const T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    out += v ? "true" : "false";
+  } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, char>) {
+    out += std::to_string(v);
+  } else if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out += std::string_view(v);
+  } else {
+    std::ostringstream ss;
+    ss << v;
+    out += ss.str();
+  }
+}
+}  // namespace detail
+
 template <typename... Args>
 std::string str(const Args&... args) {
-  std::ostringstream ss;
-  (ss << ... << args);
-  return ss.str();
+  std::string out;
+  (detail::append(out, args), ...);
+  return out;
 }
 
 #define COLLX_CHECK(cond, ...)                          \

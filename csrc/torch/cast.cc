@@ -17,8 +17,8 @@ namespace collx::torch_glue {
 
 void castScale(at::Tensor& dst, const at::Tensor& src, double factor) {
   const char* op = "cast_scale";
-  TORCH_CHECK(dst.numel() == src.numel(), "collx cast_scale: dst has ", dst.numel(), " elements, src ",
-              src.numel());
+  TORCH_CHECK(dst.numel() == src.numel(),
+              collx::str("collx cast_scale: dst has ", dst.numel(), " elements, src ", src.numel()));
   TORCH_CHECK(dst.is_contiguous() && src.is_contiguous(), "collx cast_scale: tensors must be contiguous");
   TORCH_CHECK(dst.device() == src.device(), "collx cast_scale: tensors on ", dst.device(), " and ",
               src.device());
@@ -36,8 +36,8 @@ void castScale(at::Tensor& dst, const at::Tensor& src, double factor) {
   c10::cuda::CUDAGuard guard(dst.device());
   auto stream = reinterpret_cast<cuda::Stream>(c10::cuda::getCurrentCUDAStream().stream());
   int err = cuda::castScale(dt, dst.data_ptr(), st, src.data_ptr(), size_t(src.numel()), factor, stream);
-  TORCH_CHECK(err == 0, "collx cast_scale: CUDA launch failed with error ", err, " (", collx::name(st), " -> ",
-              collx::name(dt), ")");
+  TORCH_CHECK(err == 0, collx::str("collx cast_scale: CUDA launch failed with error ", err, " (",
+                                    collx::name(st), " -> ", collx::name(dt), ")"));
 #else
   TORCH_CHECK(false, "collx cast_scale: tensor on ", dst.device(), " but this build has no CUDA kernels");
 #endif
@@ -71,7 +71,7 @@ void reduceInto(at::Tensor& dst, const at::Tensor& src, const std::string& opNam
   c10::cuda::CUDAGuard guard(dst.device());
   auto stream = reinterpret_cast<cuda::Stream>(c10::cuda::getCurrentCUDAStream().stream());
   int err = cuda::reduce(dt, *op, dst.data_ptr(), src.data_ptr(), n, postScale, stream);
-  TORCH_CHECK(err == 0, "collx reduce_into: CUDA error ", err, " (", collx::name(dt), " ", opName, ")");
+  TORCH_CHECK(err == 0, collx::str("collx reduce_into: CUDA error ", err, " (", collx::name(dt), " ", opName, ")"));
 #else
   TORCH_CHECK(false, "collx reduce_into: tensor on ", dst.device(), " but this build has no CUDA kernels");
 #endif
