@@ -85,7 +85,8 @@ def _matrix(rank, ws):
         stats_fails = out.setdefault(f"{algo}/stats", [])
         stats = torchcollx.get_stats(group)
         labels = set(stats["algorithms"])
-        allowed = {f"all_reduce/{a}" for a in ("ring", "tree", "star")} if algo == "auto" else {f"all_reduce/{algo}"}
+        concrete = [a for a in ALGORITHMS if a != "auto"]
+        allowed = {f"all_reduce/{a}" for a in concrete} if algo == "auto" else {f"all_reduce/{algo}"}
         if not labels or not labels <= allowed:
             stats_fails.append(f"Options(algorithm={algo!r}): stats labels {sorted(labels)}, expected a subset of "
                                f"{sorted(allowed)}")
