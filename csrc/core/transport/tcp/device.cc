@@ -3,8 +3,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -28,8 +28,8 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]));
   }
-  // Busy-polling only pays while every local rank has a core of its own;
-  // otherwise it steals the CPU from the very peer we wait for.
+  // Pure busy-polling only pays while every local rank has a core of its
+  // own; with more ranks than cores a waiter yields between polls instead.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   yield_ = unsigned(mesh.localRanks) > cores;
   spin_ = yield_ ? kYieldSpin : kSpin;
