@@ -28,8 +28,8 @@ std::string allgatherInto(const Collective& c, const at::Tensor& input, at::Tens
 }  // namespace
 
 std::string treeLabel(const char* op, const Collective& c, size_t bytes) {
-  bool direct = chooseTreeArity(c.size(), c.treeArity, bytes) == c.size() - 1;
-  return collx::str(op, direct ? "/direct" : "/tree");
+  int arity = chooseTreeArity(c.size(), c.treeArity, bytes);
+  return collx::str(op, arity == c.size() - 1 ? "/direct" : arity == 1 ? "/chain" : "/tree");
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -51,15 +51,27 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& 
                  std::move(body));
 }
 
-c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                       std::vector<at::Tensor>& inputs,
-                                                       const c10d::AllgatherOptions& opts) {
-  return allgather_coalesced(outputs, inputs, opts);
-}
-
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) {
+  // torch passes outputs[rank][input] here but outputs[input][rank] to allgather.
+  const char* op = "all_gather_coalesced";
+  if (int(outputs.size()) != size_) {
+    fail(op, rank_, collx::str("got ", outputs.size(), " output lists for a group of size ", size_));
+  }
+  std::vector<std::vector<at::Tensor>> byInput(inputs.size());
+  for (const auto& perRank : outputs) {
+    if (perRank.size() != inputs.size()) {
+      fail(op, rank_, collx::str("each output list needs ", inputs.size(), " tensors, got ", perRank.size()));
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) byInput[i].push_back(perRank[i]);
+  }
+  return allgather(byInput, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather";
   if (inputs.empty() || outputs.size() != inputs.size()) {
     fail(op, rank_, collx::str("got ", outputs.size(), " output lists for ", inputs.size(), " inputs"));

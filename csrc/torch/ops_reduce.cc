@@ -1,6 +1,7 @@
 // The reducing ops of CollxBackend: all_reduce (and its coalesced and
 // per-call-algorithm forms), reduce, reduce_scatter.
 #include "backend.h"
+#include "core/algorithms/tuning.h"
 #include "op_helpers.h"
 #include "work.h"
 
@@ -83,7 +84,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
     withScaling(r, dtype, flat.data_ptr(), n, isRoot ? c.size() : 1,
                 [&] { collx::reduce(c, flat.data_ptr(), n, root, r.fn); });
     if (isRoot) scatterBack(flat, outputs);
-    return treeLabel("reduce", c, size_t(flat.nbytes()));
+    return reduceByRing(c.size(), size_t(flat.nbytes())) ? std::string("reduce/ring")
+                                                          : treeLabel("reduce", c, size_t(flat.nbytes()));
   };
   return enqueue(c10d::OpType::REDUCE, OpKind::kReduce, dtype, outputs, opTimeout(opts.timeout, timeout_),
                  std::move(body));

@@ -215,6 +215,7 @@ int main() {
       testAllgather(g, seq, std::min<size_t>(count, 50001), 4096);
       testReduceScatter(g, seq, std::min<size_t>(count, 30001), 4096);
       for (int root = 0; root < n; ++root) testReduce(g, seq, std::min<size_t>(count, 30001), root, 1024);
+      if (count == counts[5]) for (int root = 0; root < n; ++root) testReduce(g, seq, count, root, 1 << 16);
     }
     testAllgather(g, seq, 300000, 64 << 10);  // large blocks take the ring
     testAllToAll(g, seq, 1);

@@ -64,6 +64,10 @@ void exchange(const Collective& c, const std::vector<Transfer>& sends,
 void ringPass(const Collective& c, char* buf, size_t count, int shift, int steps,
               int reduceSteps, ReduceFn fn);
 
+// Reduce to `root` as a ring reduce-scatter followed by a gather of the
+// chunks at the root (ring.cc): less data per rank than any tree.
+void ringReduce(const Collective& c, char* buf, size_t count, int root, ReduceFn fn);
+
 // The tree engine (tree.cc): reduce up to `root` (skipped when fn is null),
 // then, if `down`, broadcast down; both pipelined by segment.
 void treePass(const Collective& c, char* buf, size_t count, int root, int arity, ReduceFn fn,

@@ -25,6 +25,7 @@ namespace collx {
 
 namespace {
 constexpr size_t kWindow = 4;  // segments received ahead of the reduction
+constexpr uint32_t kGatherTag = 1u << 30;  // ringReduce's final gather
 
 inline size_t mod(long a, long n) { return size_t(((a % n) + n) % n); }
 }  // namespace
@@ -94,6 +95,29 @@ void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
 
 void ringAllgather(const Collective& c, void* out, size_t blockCount) {
   ringPass(c, static_cast<char*>(out), blockCount * size_t(c.size()), 0, c.size() - 1, 0, nullptr);
+}
+
+void ringReduce(const Collective& c, char* buf, size_t count, int root, ReduceFn fn) {
+  // Reduce-scatter around the ring (rank r ends with the sum of chunk r),
+  // then every rank sends its chunk straight to the root.
+  const int n = c.size(), rank = c.rank();
+  ringPass(c, buf, count, -1, n - 1, n - 1, fn);
+  const size_t es = elementSize(c.dtype);
+  auto chunk = [&](int r) {
+    size_t b = partBegin(count, n, r);
+    return Transfer{r, buf + b * es, (partEnd(count, n, r) - b) * es, c.frame(kGatherTag)};
+  };
+  std::vector<Transfer> sends, recvs;
+  if (rank == root) {
+    for (int r = 0; r < n; ++r) {
+      if (r != root) recvs.push_back(chunk(r));
+    }
+  } else {
+    Transfer t = chunk(rank);
+    t.peer = root;
+    sends.push_back(t);
+  }
+  exchange(c, sends, recvs);
 }
 
 void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn) {

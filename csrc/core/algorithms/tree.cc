@@ -130,8 +130,9 @@ void broadcast(const Collective& c, void* buf, size_t count, int root) {
 void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn) {
   COLLX_CHECK(root >= 0 && root < c.size(), "collx rank ", c.rank(), ": reduce root ", root,
               " is out of range for a group of size ", c.size());
-  int arity = chooseTreeArity(c.size(), c.treeArity, count * elementSize(c.dtype));
-  treePass(c, static_cast<char*>(buf), count, root, arity, fn, false);
+  const size_t bytes = count * elementSize(c.dtype);
+  if (reduceByRing(c.size(), bytes)) return ringReduce(c, static_cast<char*>(buf), count, root, fn);
+  treePass(c, static_cast<char*>(buf), count, root, chooseTreeArity(c.size(), c.treeArity, bytes), fn, false);
 }
 
 }  // namespace collx

@@ -16,9 +16,14 @@ double predictAllreduceUs(Algorithm algo, int n, int arity, size_t bytes);
 // The argmin of predictAllreduceUs over ring, tree and star.
 Algorithm chooseAllreduce(int n, int arity, size_t bytes);
 
-// For one-way tree collectives (broadcast, reduce): `arity`, or n-1 (direct
-// to/from the root) when that is predicted faster for `bytes`.
+// For one-way tree collectives (broadcast, reduce): the arity predicted
+// fastest for `bytes` among n-1 (direct to/from the root), `arity`, and 1 (a
+// pipelined chain, the least data per rank).
 int chooseTreeArity(int n, int arity, size_t bytes);
+
+// Whether reduce of `bytes` should go ring reduce-scatter + gather rather
+// than down a tree.
+bool reduceByRing(int n, size_t bytes);
 
 // Whether all-gather of `blockBytes` per rank should exchange directly (one
 // step, every pair at once) rather than go around the ring.
