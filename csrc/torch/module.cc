@@ -4,6 +4,7 @@
 
 #include "backend.h"
 #include "cast.h"
+#include "core/algorithms/tuning.h"
 #include "core/error.h"
 
 namespace py = pybind11;
@@ -72,6 +73,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
         py::arg("ifname"));
+  m.def(
+      "choose_allreduce",
+      [](int worldSize, int treeArity, size_t nbytes) {
+        return std::string(collx::name(collx::chooseAllreduce(worldSize, treeArity, nbytes)));
+      },
+      py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"),
+      "The algorithm 'auto' runs for an all-reduce of nbytes (the cost model of tuning.cc).");
+  m.def(
+      "predict_allreduce_us",
+      [](const std::string& algorithm, int worldSize, int treeArity, size_t nbytes) {
+        collx::Algorithm a;
+        try {
+          a = collx::parseAlgorithm(algorithm.c_str());
+        } catch (const collx::Error& e) {
+          throw py::value_error(e.what());
+        }
+        return collx::predictAllreduceUs(a, worldSize, treeArity, nbytes);
+      },
+      py::arg("algorithm"), py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"),
+      "The cost model's predicted microseconds for one all-reduce.");
   m.def("cast_scale", &collx::torch_glue::castScale, py::arg("dst"), py::arg("src"), py::arg("factor"),
         "dst = dst.dtype(src * factor) between float32 and float16/bfloat16, fused, no temporary.");
   m.def("reduce_into", &collx::torch_glue::reduceInto, py::arg("dst"), py::arg("src"), py::arg("op") = "sum",
