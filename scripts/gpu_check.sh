@@ -28,7 +28,7 @@ run() {  # name, timeout, command...
 }
 run test_kernels 120 $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider
 run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
-run test_cpu_suite 150 $PY -m pytest tests/test_allreduce.py tests/test_ddp.py -q -x -p no:cacheprovider -k "ws4 or ddp"
+run test_cpu_suite 150 $PY -m pytest tests/test_allreduce.py tests/test_allreduce_misc.py tests/test_ddp.py -q -x -p no:cacheprovider -k "ws4 or ddp"
 run bench_allreduce_n4 100 $PY -m torch.distributed.run --nproc_per_node=4 benchmarks/allreduce.py \
   --sizes 4,64K,16M --time-per-point 0.3 --plot "$OUT/allreduce_n4.png"
 cat "$OUT/bench_kernels.txt" >> "$OUT/summary.txt"

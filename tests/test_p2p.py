@@ -1,0 +1,221 @@
+"""Point-to-point ops and barriers of the collx backend, checked against
+values computed locally, at world sizes 2, 3 and 4:
+
+  send / recv / isend / irecv (tags, any source, out-of-order tags),
+  batch_isend_irecv, barrier (waits for earlier async work), monitored_barrier.
+
+Process startup costs seconds, so each world size runs ONE launch (a Suite)
+for all the checks of this file.
+"""
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+torchcollx = pytest.importorskip("torchcollx")
+
+import launcher  # noqa: E402
+from collectives_common import MIB4, WORLD_SIZES, _data  # noqa: E402
+from common import DTYPES, Suite, dtype_name, mismatch, run_checks  # noqa: E402
+
+
+# ------------------------------------------------------------------ point to point
+
+def check_send_recv(rank, ws, fail):
+    """Blocking send/recv around the ring with tags (several tags in a row,
+    matched in order), isend/irecv between every pair at once, and recv from
+    any source returning the source rank."""
+    right, left = (rank + 1) % ws, (rank - 1) % ws
+    for dtype in DTYPES:
+        for count in (0, 1, 1000):
+            for tag in (0, 5):
+                x = _data(rank, dtype, count, 100 + tag)
+                y = torch.full((count,), 1, dtype=dtype)
+                if rank % 2 == 0:
+                    dist.send(x, right, tag=tag)
+                    got = dist.recv(y, left, tag=tag)
+                else:
+                    got = dist.recv(y, left, tag=tag)
+                    dist.send(x, right, tag=tag)
+                if got != left:
+                    fail(f"recv(src={left}, tag={tag}) returned {got!r}")
+                if m := mismatch(y, _data(left, dtype, count, 100 + tag)):
+                    fail(f"send/recv ring {dtype_name(dtype)} count={count} tag={tag}: {m}")
+    # isend / irecv with every peer, all posted before any wait: two tagged
+    # messages each way per pair (a small and a 1.2 MB one). p2p ops run in
+    # issue order (NCCL's rule), so the pairs go in one global order and the
+    # lower rank of a pair sends first, the higher one receives first.
+    sends, recvs = [], []
+    for a in range(ws):
+        for b in range(a + 1, ws):
+            if rank not in (a, b):
+                continue
+            p = b if rank == a else a
+            for step in (("send", "recv") if rank == a else ("recv", "send")):
+                for tag, count in ((1, 10), (2, 300_000)):
+                    if step == "send":
+                        sends.append(dist.isend(_data(rank, torch.float32, count, 1000 * p + tag), p, tag=tag))
+                    else:
+                        buf = torch.zeros(count)
+                        recvs.append((p, tag, count, buf, dist.irecv(buf, p, tag=tag)))
+    for w in sends:
+        w.wait()
+    for p, tag, count, buf, w in recvs:
+        w.wait()
+        if m := mismatch(buf, _data(p, torch.float32, count, 1000 * rank + tag)):
+            fail(f"irecv from {p} tag={tag} count={count}: {m}")
+    # Any source: rank 0 receives one message from each other rank, in arrival order.
+    dist.barrier()
+    if rank == 0:
+        seen = []
+        for _ in range(ws - 1):
+            t = torch.zeros(64, dtype=torch.int64)
+            src = dist.recv(t, tag=9)
+            seen.append(src)
+            if not isinstance(src, int) or not 1 <= src < ws:
+                fail(f"recv() from any source returned {src!r}")
+            elif m := mismatch(t, torch.full((64,), 1000 + src, dtype=torch.int64)):
+                fail(f"recv() from any source (returned src={src}): data: {m}")
+        if sorted(seen) != list(range(1, ws)):
+            fail(f"recv() from any source returned sources {seen}, expected each of 1..{ws - 1} once")
+    else:
+        time.sleep(0.05 * rank)
+        dist.send(torch.full((64,), 1000 + rank, dtype=torch.int64), 0, tag=9)
+    # irecv from any source (src=None) gives the source through the work.
+    if rank == 0:
+        t = torch.zeros(8)
+        w = dist.irecv(t)
+        w.wait()
+        if hasattr(w, "_source_rank"):
+            if w._source_rank() != ws - 1:
+                fail(f"irecv() from any source: work._source_rank() = {w._source_rank()}, expected {ws - 1}")
+        if m := mismatch(t, torch.full((8,), 7.0)):
+            fail(f"irecv() from any source: data: {m}")
+    elif rank == ws - 1:
+        dist.send(torch.full((8,), 7.0), 0)
+    dist.barrier()
+
+
+def check_p2p_out_of_order_tags(rank, ws, fail):
+    """Two messages to one peer received in the opposite tag order. collx runs
+    p2p in issue order (NCCL's rule) and checks the tag in the header: the
+    receiver must get a DistBackendError naming both tags (gloo would match by
+    tag; NCCL would swap the data silently) -- never wrong data, never a hang.
+    On its own short-timeout group, as the error is sticky."""
+    g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=5))
+    if rank == 0:
+        a = dist.isend(torch.full((3,), 1.0), 1, group=g, tag=1)
+        b = dist.isend(torch.full((3,), 2.0), 1, group=g, tag=2)
+        a.wait()
+        b.wait()
+    elif rank == 1:
+        x, y = torch.zeros(3), torch.zeros(3)
+        t0 = time.monotonic()
+        try:
+            wb = dist.irecv(y, 0, group=g, tag=2)
+            wa = dist.irecv(x, 0, group=g, tag=1)
+            wb.wait()
+            wa.wait()
+            if not (torch.equal(x, torch.full((3,), 1.0)) and torch.equal(y, torch.full((3,), 2.0))):
+                fail(f"out-of-order tags: no error but wrong data x={x} y={y}")
+        except Exception as e:
+            took = time.monotonic() - t0
+            if not isinstance(e, dist.DistBackendError) or "tag 1" not in str(e) or "tag 2" not in str(e):
+                fail(f"out-of-order tags: {type(e).__name__} not naming both tags: {e}")
+            if took > 3:
+                fail(f"out-of-order tags: the error took {took:.1f} s")
+    dist.barrier(group=launcher.gloo())
+
+
+def check_batch_isend_irecv(rank, ws, fail):
+    """A ring exchange in both directions with 4 MB tensors in ONE batch (every
+    rank posts its sends first: the batch must not deadlock), then a batch of
+    small mixed-dtype ops to every peer."""
+    right, left = (rank + 1) % ws, (rank - 1) % ws
+    for count in (MIB4, 10):
+        to_r = _data(rank, torch.float32, count, 200)
+        to_l = _data(rank, torch.float32, count, 201)
+        from_l, from_r = torch.zeros(count), torch.zeros(count)
+        ops = [dist.P2POp(dist.isend, to_r, right), dist.P2POp(dist.isend, to_l, left),
+               dist.P2POp(dist.irecv, from_l, left), dist.P2POp(dist.irecv, from_r, right)]
+        t0 = time.monotonic()
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        took = time.monotonic() - t0
+        if m := mismatch(from_l, _data(left, torch.float32, count, 200)):
+            fail(f"batch ring count={count}: from the left ({left}): {m}")
+        if m := mismatch(from_r, _data(right, torch.float32, count, 201)):
+            fail(f"batch ring count={count}: from the right ({right}): {m}")
+        if took > 20:
+            fail(f"batch ring count={count} took {took:.1f} s")
+    ops, bufs = [], []
+    for p in range(ws):
+        if p == rank:
+            continue
+        for i, dtype in enumerate((torch.int8, torch.float64, torch.bool)):
+            ops.append(dist.P2POp(dist.isend, _data(rank, dtype, 17 + p, 300 + i), p))
+            b = torch.zeros(17 + rank, dtype=dtype)
+            bufs.append((p, i, dtype, b))
+            ops.append(dist.P2POp(dist.irecv, b, p))
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for p, i, dtype, b in bufs:
+        if m := mismatch(b, _data(p, dtype, 17 + rank, 300 + i)):
+            fail(f"batch to every peer: {dtype_name(dtype)} from {p}: {m}")
+
+
+# ------------------------------------------------------------------ barrier
+
+def check_barrier_waits_for_async_work(rank, ws, fail):
+    """dist.barrier() returns only after every async op issued before it has
+    completed (here: one rank issues its ops late), and monitored_barrier works."""
+    for late in (0, ws - 1):
+        dist.barrier()
+        if rank == late:
+            time.sleep(0.3)
+        ts = [torch.full((MIB4,), float(rank + i)) for i in range(3)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        works.append(dist.broadcast(torch.full((1000,), float(rank)), src=late, async_op=True))
+        dist.barrier()
+        pending = [i for i, w in enumerate(works) if not w.is_completed()]
+        if pending:
+            fail(f"barrier returned while async works {pending} were not completed (late rank {late})")
+        for w in works:
+            w.wait()
+        for i, t in enumerate(ts):
+            if t[0].item() != sum(range(ws)) + ws * i or t[-1].item() != t[0].item():
+                fail(f"async all_reduce {i} before the barrier: got {t[0].item()}")
+    for wait_all in (False, True):
+        if rank == ws - 1:
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=wait_all)
+        waited = time.monotonic() - t0
+        if rank != ws - 1 and waited < 0.2:
+            fail(f"monitored_barrier(wait_all_ranks={wait_all}) returned after {waited:.3f} s although "
+                 f"rank {ws - 1} arrived 0.3 s late")
+
+
+SUITE_CHECKS = [
+    check_send_recv,
+    check_p2p_out_of_order_tags,
+    check_batch_isend_irecv,
+    check_barrier_waits_for_async_work,
+]
+
+
+def _suite(rank, ws):
+    return run_checks(SUITE_CHECKS, rank, ws)
+
+
+SUITES = {ws: Suite(_suite, ws, with_gloo=True, timeout=240) for ws in WORLD_SIZES}
+
+
+@pytest.mark.parametrize("check", [c.__name__ for c in SUITE_CHECKS])
+@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
+def test_collective(ws, check):
+    SUITES[ws].check(check)
