@@ -7,10 +7,10 @@ from 10 Gaussian clusters in 64-D), so every run is reproducible and needs no
 download. Rank 0 shows a progress line with loss, accuracy and throughput.
 
 --hook picks how DDP averages the gradients:
-  auto (default)  torchcollx.ddp.comm_hook: ring/tree/star chosen per bucket by size
+  auto (default)  torchcollx.ddp.comm_hook: the all-reduce algorithm chosen per bucket by size
   bf16, fp16      the same hook, with the gradients compressed to 16 bits on the wire
   none            DDP's built-in all-reduce on the collx group (CPU only)
---algorithm forces ring, tree or star for the hook instead of auto.
+--algorithm forces ring, tree, star or direct for the hook instead of auto.
 
 Runs on CPU, or on the GPUs when there are (--device auto). collx moves host
 memory, so on GPUs the hook stages each gradient bucket through pinned host
@@ -57,7 +57,7 @@ def main():
     p.add_argument("--hook", choices=["none", "auto", "bf16", "fp16"], default="auto",
                    help="gradient averaging: the collx comm hook (auto, or compressed bf16/fp16) "
                         "or none (DDP's built-in all-reduce)")
-    p.add_argument("--algorithm", choices=["auto", "ring", "tree", "star"], default="auto",
+    p.add_argument("--algorithm", choices=list(torchcollx.ALGORITHMS), default="auto",
                    help="all-reduce algorithm of the hook (auto: per bucket by size)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     args = p.parse_args()

@@ -94,9 +94,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("algorithm"), py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"),
       "The cost model's predicted microseconds for one all-reduce.");
   m.def("cast_scale", &collx::torch_glue::castScale, py::arg("dst"), py::arg("src"), py::arg("factor"),
+        py::call_guard<py::gil_scoped_release>(),
         "dst = dst.dtype(src * factor) between float32 and float16/bfloat16, fused, no temporary.");
   m.def("reduce_into", &collx::torch_glue::reduceInto, py::arg("dst"), py::arg("src"), py::arg("op") = "sum",
-        py::arg("post_scale") = 1.0, "dst = op(dst, src) with collx's CPU or CUDA reduce kernels.");
+        py::arg("post_scale") = 1.0, py::call_guard<py::gil_scoped_release>(), "dst = op(dst, src) with collx's CPU or CUDA reduce kernels.");
   m.attr("cuda_kernels") = py::bool_(
 #ifdef COLLX_WITH_CUDA
       true

@@ -1,0 +1,255 @@
+"""The collx communication hook for ``DistributedDataParallel``.
+
+    from torchcollx.ddp import CommHookState, comm_hook
+    model = DDP(model)                      # its process group: collx
+    model.register_comm_hook(CommHookState(process_group=None, algorithm="auto",
+                                           compression=None), comm_hook)
+
+Per bucket, the hook all-reduces DDP's flat gradient buffer with an algorithm
+chosen for that call (``allreduce_with``), not through the group-wide
+``Options.algorithm`` / ``COLLX_ALGORITHM``:
+
+* ``algorithm="auto"`` lets the backend's cost model (``csrc/core/algorithms/
+  tuning.cc``, also ``torchcollx._C.choose_allreduce``) pick the algorithm for
+  the bytes that bucket puts on the wire, so DDP's small first bucket (1 MiB),
+  its 25 MiB buckets and a tiny last one may travel differently;
+  ``"ring"``, ``"tree"``, ``"star"`` or ``"direct"`` force one.
+* ``compression="bf16"`` or ``"fp16"`` casts a float32 bucket into one cached
+  16-bit buffer with the fused ``_C.cast_scale`` kernel, pre-scaled by
+  1/world_size (so fp16 sums cannot overflow), SUM-all-reduces it, and casts
+  it back into the bucket inside the future's callback. The bucket buffer is
+  written in place and is the future's value.
+* ``compression=None`` divides the bucket by world_size and SUM-all-reduces it
+  in place (DDP's own order of operations).
+
+Which gradients are compressed: float32 buckets are. A bucket that already is
+float16/bfloat16 (a half-precision model) travels in its own dtype, pre-divided
+by world_size like the uncompressed path. A float64 bucket with compression raises a
+``TypeError``: casting it to 16 bits would silently throw away the precision
+the model asked for, and silently not compressing would hide that the option
+does nothing; use ``compression=None`` for float64 models.
+
+CUDA buckets: the collx backend reduces host memory, so a CUDA bucket is staged
+through a pinned host buffer per bucket (the 16-bit one when compressed, cast
+on the GPU first), and the hook's future is a CUDA-aware Future whose
+consumers are synchronised with the copy back. DDP itself still hands CUDA
+tensors to the group at construction (init_sync), with broadcast_buffers and
+with find_unused_parameters, which this backend refuses: on GPUs build DDP
+with ``init_sync=False, broadcast_buffers=False`` and broadcast the initial
+weights through the CPU (as examples/train_ddp.py does).
+
+Every problem with the state (a group that is not collx, an unknown algorithm
+or compression, no process group) raises in ``CommHookState(...)``, i.e.
+before ``register_comm_hook``, not at the first backward pass.
+
+One ``CommHookState`` per DDP model: it caches one compressed buffer per bucket
+index, which a second model running its backward at the same time would share.
+"""
+# No ``from __future__ import annotations``: DDP compares comm_hook's
+# annotations with dist.GradBucket and torch.futures.Future[torch.Tensor]
+# objects, and would reject strings.
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from .options import ALGORITHMS
+from .stats import HookCounters, _hook_counters_of, backend_of
+
+__all__ = ["CommHookState", "comm_hook", "COMPRESSIONS"]
+
+COMPRESSIONS = (None, "fp16", "bf16")
+_WIRE_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+def _resolve_group(process_group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "collx comm hook: torch.distributed is not initialized; call "
+            "dist.init_process_group('collx') before creating CommHookState")
+    pg = dist.group.WORLD if process_group is None else process_group
+    if pg is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("collx comm hook: this rank is not a member of the given process group")
+    if not isinstance(pg, dist.ProcessGroup):
+        raise TypeError(f"collx comm hook: process_group must be a torch.distributed ProcessGroup "
+                        f"or None (the default group), got {type(pg).__name__}")
+    try:
+        backend = backend_of(pg)
+    except (ValueError, RuntimeError) as e:
+        try:
+            name = dist.get_backend(pg)
+        except Exception:  # noqa: BLE001  only for the message
+            name = "unknown"
+        raise ValueError(
+            f"collx comm hook: the process group's backend is {name!r}, not 'collx' ({e}). Create "
+            f"the group with backend='collx' (dist.init_process_group('collx') or "
+            f"dist.new_group(backend='collx')) and pass it, or None for the default group") from None
+    return pg, backend
+
+
+class CommHookState:
+    """State of :func:`comm_hook`: the collx group, the algorithm, the
+    compression, the cached compressed buffers and the statistics.
+
+    Args:
+        process_group: a collx process group, or ``None`` for the default group
+            (resolved now). Use the same group as the DDP model.
+        algorithm: ``"auto"`` (per bucket, by size), or ``"ring"``, ``"tree"``, ``"star"``,
+            ``"direct"`` (any of ``torchcollx.ALGORITHMS``).
+        compression: ``None``, ``"bf16"`` or ``"fp16"`` (float32 gradients only; see the module doc).
+
+    Raises ``ValueError`` / ``TypeError`` / ``RuntimeError`` here, at construction,
+    for anything the hook could not run with.
+    """
+
+    def __init__(self, process_group=None, algorithm: str = "auto", compression: Optional[str] = None):
+        if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+            raise ValueError(f"collx comm hook: algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+        if compression is not None and (not isinstance(compression, str) or compression not in _WIRE_DTYPE):
+            raise ValueError(f"collx comm hook: compression={compression!r} is not one of None, "
+                             f"{', '.join(repr(c) for c in COMPRESSIONS if c)}")
+        self.process_group, self.backend = _resolve_group(process_group)
+        self.algorithm = algorithm
+        self.compression = compression
+        self.world_size = self.process_group.size()
+        self.rank = self.process_group.rank()
+        self.tree_arity = int(self.backend.tree_arity)
+        self._wire_dtype = _WIRE_DTYPE.get(compression)
+        self._buffers = {}  # (bucket index, role) -> tensor, reused while its size/dtype/device fit
+        self._counters = HookCounters()
+        self._group_counters = _hook_counters_of(self.process_group, self)  # for get_stats()
+
+    def __repr__(self):
+        return (f"CommHookState(world_size={self.world_size}, algorithm={self.algorithm!r}, "
+                f"compression={self.compression!r})")
+
+    # ------------------------------------------------------------ statistics
+
+    def stats(self) -> dict:
+        """``buckets`` handled, ``bytes_in`` (gradient bytes, before compression),
+        ``bytes_reduced`` (bytes all-reduced, after compression),
+        ``compression_ratio`` and ``algorithms``: ``{"ring": {"buckets", "bytes"}, ...}``
+        (``bytes`` after compression), with "auto" resolved to what ran.
+        ``torchcollx.get_stats(group)["ddp_hook"]`` sums these over the group."""
+        out = {"algorithm": self.algorithm, "compression": self.compression}
+        out.update(self._counters.snapshot())
+        return out
+
+    def reset_stats(self) -> None:
+        """Zeroes this state's counters (not the group's in get_stats())."""
+        self._counters.reset()
+
+    def _record(self, bytes_in: int, bytes_reduced: int) -> None:
+        algo = self.algorithm
+        if algo == "auto":  # the backend's own cost model (tuning.cc): what "auto" runs
+            algo = _C.choose_allreduce(self.world_size, self.tree_arity, bytes_reduced)
+        self._counters.add(algo, bytes_in, bytes_reduced)
+        self._group_counters.add(algo, bytes_in, bytes_reduced)
+
+    # ------------------------------------------------------------ buffers
+
+    def _buffer(self, index: int, role: str, like: torch.Tensor, dtype: torch.dtype,
+                device: torch.device, pin: bool = False) -> torch.Tensor:
+        key = (index, role)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() != like.numel() or buf.dtype != dtype or buf.device != device:
+            self._buffers.pop(key, None)  # free the old one before allocating its replacement
+            buf = torch.empty(like.numel(), dtype=dtype, device=device, pin_memory=pin)
+            self._buffers[key] = buf
+        return buf
+
+
+def _value_of_first(fut):
+    return fut.value()[0]
+
+
+def comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: averages ``bucket`` over ``state.process_group``
+    with ``state.algorithm`` and ``state.compression``. Returns a Future whose
+    value is the bucket buffer itself, averaged in place."""
+    if not isinstance(state, CommHookState):
+        raise TypeError(f"collx comm_hook needs a torchcollx.ddp.CommHookState as its state, "
+                        f"got {type(state).__name__}")
+    buf = bucket.buffer()
+    if buf.is_cuda:
+        return _cuda_hook(state, bucket, buf)
+    if buf.device.type != "cpu":
+        raise TypeError(f"collx comm_hook: gradients on {buf.device} are not supported (CPU and CUDA are)")
+    world = state.world_size
+    wire = _wire_dtype(state, bucket, buf)
+
+    if wire is None:  # uncompressed
+        state._record(buf.nbytes, buf.nbytes)
+        # Divide before the sum, as DDP's default does: 16-bit sums cannot
+        # overflow, and torch's div_ is faster than the backend's AVG pass.
+        buf.div_(world)
+        work = state.backend.allreduce_with(buf, state.algorithm, False)
+        return work.get_future().then(_value_of_first)
+
+    comp = state._buffer(bucket.index(), "wire", buf, wire, buf.device)
+    state._record(buf.nbytes, comp.nbytes)
+    _C.cast_scale(comp, buf, 1.0 / world)
+    work = state.backend.allreduce_with(comp, state.algorithm, False)
+
+    def decompress(fut):
+        fut.value()  # re-raises the all-reduce's error
+        _C.cast_scale(buf, comp, 1.0)
+        return buf
+
+    return work.get_future().then(decompress)
+
+
+def _wire_dtype(state, bucket, buf):
+    """The dtype that goes over the wire, or None to reduce ``buf`` itself."""
+    if state._wire_dtype is None or buf.dtype in _HALF_DTYPES:
+        return None
+    if buf.dtype != torch.float32:
+        raise TypeError(
+            f"collx comm_hook: compression={state.compression!r} needs float32 gradients, but bucket "
+            f"{bucket.index()} is {buf.dtype}; use compression=None for this model")
+    return state._wire_dtype
+
+
+def _cast_scale_cuda(dst, src, factor):
+    if _C.cuda_kernels:
+        _C.cast_scale(dst, src, factor)
+    else:  # an extension built without its CUDA kernels: one fused torch kernel instead
+        torch.mul(src, factor, out=dst)
+
+
+def _cuda_hook(state, bucket, buf):
+    """CUDA buckets: the backend reduces host memory, so the bucket (or its
+    16-bit cast, made on the GPU) goes through a pinned host buffer."""
+    world = state.world_size
+    wire = _wire_dtype(state, bucket, buf)
+    index = bucket.index()
+    stream = torch.cuda.current_stream(buf.device)
+    if wire is None:
+        src = buf
+        buf.div_(world)
+    else:
+        src = state._buffer(index, "wire", buf, wire, buf.device)
+        _cast_scale_cuda(src, buf, 1.0 / world)
+    host = state._buffer(index, "host", src, src.dtype, torch.device("cpu"), pin=True)
+    state._record(buf.nbytes, host.nbytes)
+    host.copy_(src, non_blocking=True)
+    stream.synchronize()  # the backend's thread reads `host` next
+    work = state.backend.allreduce_with(host, state.algorithm, False)
+    result = torch.futures.Future(devices=[buf.device])
+
+    def finish(fut):
+        try:
+            fut.value()
+            with torch.cuda.device(buf.device):
+                # This thread's current stream; result.set_result records an
+                # event on it that DDP's wait() makes its own stream wait for.
+                src.copy_(host, non_blocking=True)
+                if wire is not None:
+                    _cast_scale_cuda(buf, src, 1.0)
+            result.set_result(buf)
+        except Exception as e:  # noqa: BLE001  handed to DDP through the future
+            result.set_exception(e)
+
+    work.get_future().add_done_callback(finish)
+    return result
