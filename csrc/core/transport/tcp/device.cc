@@ -15,10 +15,12 @@ namespace collx::tcp {
 
 namespace {
 // How long a waiter retries non-blocking I/O before sleeping in poll(): a
-// loopback hop is 10-30 us, and a poll() wakeup costs about as much again.
+// loopback hop is 10-30 us, and a poll() wakeup costs ~100 us on a busy VM;
+// with a shorter window (50 us) two ranks fell into a mode where each
+// wakeup made the other miss its window (4 B all-reduce p50 140 us vs 20 us).
 // With more local ranks than cores the waiter yields between retries, so the
 // peer it waits for can run on this core without a sleep/wakeup round trip.
-constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSpin = std::chrono::microseconds(250);
 constexpr auto kYieldSpin = std::chrono::microseconds(200);
 }  // namespace
 
