@@ -32,14 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-MIN_ITERS, MAX_ITERS = 5, 1000
-
-
-def parse_size(s):
-    s = s.strip().upper().removesuffix("B")
-    unit = s[-1] if s and s[-1] in "KMG" else ""
-    return int(float(s[: len(s) - len(unit)]) * UNITS[unit])
+from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, parse_size, parse_sizes
 
 
 # ----------------------------------------------------------------- loopback limits
@@ -137,13 +130,6 @@ def make_groups(args):
             opts = torchcollx.Options(algorithm=algo, **extra)
             groups.append((f"collx/{algo}", dist.new_group(backend="collx", pg_options=opts)))
     return groups
-
-
-def agreed_max(*xs):
-    """Elementwise max of floats over all ranks, via the gloo default group."""
-    t = torch.tensor(xs, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist() if len(xs) > 1 else t.item()
 
 
 def check(name, group, buf):
@@ -257,10 +243,7 @@ def main():
     unknown = set(args.backends) - {"gloo", "collx"}
     if unknown:
         p.error(f"unknown backend(s) {sorted(unknown)}")
-    max_size = parse_size(args.max_size)
-    sizes = ([parse_size(s) for s in args.sizes.split(",")] if args.sizes
-             else [4 ** k for k in range(1, 14)])
-    sizes = sorted({s for s in sizes if 4 <= s <= max_size})
+    sizes = parse_sizes(args.sizes, args.max_size, 4)
 
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -30,18 +30,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-MIN_ITERS, MAX_ITERS = 5, 1000
+from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, parse_sizes
+
 OPS = ["reduce_scatter", "all_gather", "broadcast", "all_to_all", "reduce"]
 ROOT = 0
 SMALL_MAX, LARGE_MIN = 64 << 10, 1 << 20          # the target bands
 TIME_TARGET, BUSBW_TARGET = 0.3, 1.0               # collx/gloo time at <=64 KB; busbw ratio at >=1 MB
-
-
-def parse_size(s):
-    s = s.strip().upper().removesuffix("B")
-    unit = s[-1] if s and s[-1] in "KMG" else ""
-    return int(float(s[: len(s) - len(unit)]) * UNITS[unit])
 
 
 def fmt_size(b):
@@ -126,13 +120,6 @@ class Point:
     def zero(self):
         self.inp.zero_()
         self.out.zero_()
-
-
-def agreed_max(*xs):
-    """Elementwise max of floats over all ranks, via the gloo default group."""
-    t = torch.tensor(xs, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist() if len(xs) > 1 else t.item()
 
 
 def run_ops(point, k):
@@ -241,10 +228,7 @@ def main():
         p.error(f"unknown op(s) {sorted(set(ops) - set(OPS))}; choose from {OPS}")
     if set(backends) - {"gloo", "collx"}:
         p.error(f"unknown backend(s) {sorted(set(backends) - {'gloo', 'collx'})}")
-    max_size = parse_size(args.max_size)
-    sizes = ([parse_size(s) for s in args.sizes.split(",")] if args.sizes
-             else [4 ** k for k in range(1, 14)])
-    sizes = sorted({s for s in sizes if 1 <= s <= max_size})
+    sizes = parse_sizes(args.sizes, args.max_size, 1)
 
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
