@@ -1,4 +1,4 @@
-"""all_reduce benchmark: gloo vs collx (one group per collx algorithm), CPU float32.
+"""all_reduce benchmark: gloo vs collx (one group per collx algorithm), float32 on CPU or CUDA.
 
 Run from the repository root:
 
@@ -6,6 +6,7 @@ Run from the repository root:
     .venv/bin/torchrun --nproc_per_node=4 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M,64M
     .venv/bin/torchrun --nproc_per_node=2 benchmarks/allreduce.py --backends gloo \
         --max-size 1M --time-per-point 0.1 --json /tmp/ar.json
+    torchrun --nproc_per_node=4 benchmarks/allreduce.py --device cuda   # 4 ranks on cuda:0
 
 Every point is checked for correctness first (rank r contributes r+1, the sum must be
 n(n+1)/2), then timed; the reported time is the max over ranks of the mean per-op time.
@@ -152,16 +153,19 @@ def check(name, group, buf):
 
 
 def run_ops(group, buf, k):
-    """k back-to-back all_reduces; returns the k+1 timestamps around them."""
+    """k back-to-back all_reduces; returns the k+1 timestamps around them
+    (for CUDA tensors, each op counts until its result is on the device)."""
+    sync = torch.cuda.synchronize if buf.is_cuda else (lambda: None)
     ts = [time.perf_counter()]
     for _ in range(k):
         dist.all_reduce(buf, group=group)
+        sync()
         ts.append(time.perf_counter())
     return ts
 
 
 def time_point(name, group, nbytes, args):
-    buf = torch.empty(max(1, nbytes // 4), dtype=torch.float32)
+    buf = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=args.device)
     check(name, group, buf)
     buf.zero_()  # stays 0 under repeated sums (no overflow / inf)
     ts = run_ops(group, buf, args.warmup)
@@ -237,7 +241,11 @@ def main():
     p.add_argument("--plot", help="PNG path (default benchmarks/results/allreduce_n{N}.png; "
                    "'' to skip)")
     p.add_argument("--json", help="dump all rows to this JSON file")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the tensors live; cuda: every rank on cuda:0 (collx shares a GPU)")
     args = p.parse_args()
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     args.algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     unknown = set(args.backends) - {"gloo", "collx"}
@@ -256,7 +264,7 @@ def main():
 
     if rank == 0:
         print(f"# all_reduce benchmark  world_size={n}  torch={torch.__version__}  "
-              f"dtype=float32 device=cpu  cpus={os.cpu_count()}  groups={[g for g, _ in groups]}")
+              f"dtype=float32 device={args.device}  cpus={os.cpu_count()}  groups={[g for g, _ in groups]}")
         if limit is not None:
             print(f"# loopback: 4-byte ping-pong half-RTT {rtt_us:.1f} us; two opposite TCP "
                   f"streams {limit:.3f} GB/s per direction")

@@ -9,13 +9,11 @@ download. Rank 0 shows a progress line with loss, accuracy and throughput.
 --hook picks how DDP averages the gradients:
   auto (default)  torchcollx.ddp.comm_hook: the all-reduce algorithm chosen per bucket by size
   bf16, fp16      the same hook, with the gradients compressed to 16 bits on the wire
-  none            DDP's built-in all-reduce on the collx group (CPU only)
+  none            DDP's built-in all-reduce on the collx group
 --algorithm forces ring, tree, star or direct for the hook instead of auto.
 
-Runs on CPU, or on the GPUs when there are (--device auto). collx moves host
-memory, so on GPUs the hook stages each gradient bucket through pinned host
-memory (compressed first, on the GPU), and the initial weights are broadcast
-through the CPU.
+Runs on CPU, or on the GPUs when there are (--device auto); several ranks may
+share one GPU.
 """
 import argparse
 import os
@@ -39,15 +37,6 @@ def make_data(n, dim=64, classes=10, seed=0):
     return points, labels
 
 
-def broadcast_through_cpu(module, src=0):
-    """Rank ``src``'s parameters and buffers to every rank, through host memory."""
-    for t in list(module.parameters()) + list(module.buffers()):
-        host = t.detach().cpu()
-        dist.broadcast(host, src)
-        with torch.no_grad():
-            t.copy_(host)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -68,9 +57,6 @@ def main():
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        if args.hook == "none":
-            sys.exit("--hook none needs CPU tensors: the collx backend reduces host memory, and only the "
-                     "collx hook stages CUDA gradients through it. Use --hook auto/bf16/fp16 or --device cpu")
     else:
         device = torch.device("cpu")
     torch.manual_seed(0)
@@ -78,12 +64,7 @@ def main():
         nn.Linear(64, args.width), nn.ReLU(), nn.Linear(args.width, args.width), nn.ReLU(),
         nn.Linear(args.width, 10),
     ).to(device)
-    if cuda:
-        # DDP's own initial broadcast would hand CUDA tensors to collx: do it through the CPU.
-        broadcast_through_cpu(model)
-        ddp = DDP(model, device_ids=[device], init_sync=False, broadcast_buffers=False)
-    else:
-        ddp = DDP(model)
+    ddp = DDP(model, device_ids=[device] if cuda else None)
     state = None
     if args.hook != "none":
         state = CommHookState(process_group=None, algorithm=args.algorithm,

@@ -2,8 +2,9 @@
 # One-shot GPU check, run on the GPU machine (H100, torch 2.11 + CUDA 13, no
 # network) as:  bash scripts/gpu_check.sh OUTDIR
 # Builds collx there with its CUDA kernels, runs the kernel tests (CPU and
-# CUDA twins), the kernel benchmark, and the CPU-tensor test suite and
-# all-reduce benchmark on torch 2.11. Writes logs and figures into OUTDIR.
+# CUDA twins), the kernel benchmark, the CUDA-tensor tests (2 and 4 ranks on
+# one GPU), and the all-reduce benchmark on CUDA and on CPU tensors, collx
+# beside gloo. Writes logs, JSON and figures into OUTDIR (about 6 minutes).
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -28,7 +29,14 @@ run() {  # name, timeout, command...
 }
 run test_kernels 120 $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider
 run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
-run test_cpu_suite 150 $PY -m pytest tests/test_allreduce.py tests/test_allreduce_misc.py tests/test_ddp.py -q -x -p no:cacheprovider -k "ws4 or ddp"
-run bench_allreduce_n4 100 $PY -m torch.distributed.run --nproc_per_node=4 benchmarks/allreduce.py \
-  --sizes 4,64K,16M --time-per-point 0.3 --plot "$OUT/allreduce_n4.png"
-cat "$OUT/bench_kernels.txt" >> "$OUT/summary.txt"
+run test_cuda 240 $PY -m pytest tests/test_cuda.py -q -p no:cacheprovider
+# Issue 4's targets: CUDA tensors vs gloo on the same CUDA tensors, and vs
+# collx's own CPU-tensor busbw on this machine; 4 ranks share cuda:0.
+bench() {  # name, device
+  run "$1" 150 $PY -m torch.distributed.run --nproc_per_node=4 benchmarks/allreduce.py --device "$2" \
+    --algos ring,auto --sizes 4,64K,1M,16M,64M --time-per-point 0.3 --no-loopback --plot "$OUT/$1.png" \
+    --json "$OUT/$1.json"
+}
+bench bench_allreduce_cuda_n4 cuda
+bench bench_allreduce_cpu_n4 cpu
+cat "$OUT/bench_kernels.txt" "$OUT/bench_allreduce_cuda_n4.txt" "$OUT/bench_allreduce_cpu_n4.txt" >> "$OUT/summary.txt"

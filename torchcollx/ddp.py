@@ -29,14 +29,11 @@ by world_size like the uncompressed path. A float64 bucket with compression rais
 the model asked for, and silently not compressing would hide that the option
 does nothing; use ``compression=None`` for float64 models.
 
-CUDA buckets: the collx backend reduces host memory, so a CUDA bucket is staged
-through a pinned host buffer per bucket (the 16-bit one when compressed, cast
-on the GPU first), and the hook's future is a CUDA-aware Future whose
-consumers are synchronised with the copy back. DDP itself still hands CUDA
-tensors to the group at construction (init_sync), with broadcast_buffers and
-with find_unused_parameters, which this backend refuses: on GPUs build DDP
-with ``init_sync=False, broadcast_buffers=False`` and broadcast the initial
-weights through the CPU (as examples/train_ddp.py does).
+CUDA buckets are staged by the hook itself through a pinned host buffer per
+bucket (the 16-bit one when compressed, cast on the GPU first), kept across
+steps, and the hook's future is a CUDA-aware Future whose consumers are
+synchronised with the copy back. The tensors DDP sends the group itself
+(init_sync, broadcast_buffers) take the backend's own device path.
 
 Every problem with the state (a group that is not collx, an unknown algorithm
 or compression, no process group) raises in ``CommHookState(...)``, i.e.

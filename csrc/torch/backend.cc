@@ -32,22 +32,35 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
                                                     std::vector<at::Tensor> outputs,
                                                     std::chrono::milliseconds timeout, Body body, bool collective) {
   const uint64_t seq = collective ? ++seq_ : seq_.load();
-  auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq);
+  std::shared_ptr<Staging> staging = Staging::current();
+  std::vector<c10::Device> devices;
+  if (staging) {
+    outputs = staging->deviceOf(outputs);  // the user's tensors, not the mirrors
+    devices = staging->devices();
+    staging->recordCaller();
+  }
+  auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq, std::move(devices));
   auto describe = [this, kind, dtype, seq, collective] {
     return collx::str("collx ", name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
                       name(dtype), ") failed on rank ", rank_, ": ");
   };
   Executor::Task task;
-  task.run = [this, work, kind, dtype, seq, timeout, body = std::move(body), describe] {
+  task.run = [this, work, kind, dtype, seq, timeout, body = std::move(body), describe, staging] {
     Collective c{*device_, kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
                  workspace_};
     std::exception_ptr error;
     auto start = Clock::now();
     try {
+      if (staging) staging->copyIn();
       std::string label = body(c);
+      if (staging) staging->copyOut();
       double secs = std::chrono::duration<double>(Clock::now() - start).count();
       std::lock_guard<std::mutex> lock(statsMutex_);
       ++stats_.ops;
+      if (staging) {
+        ++stats_.stagedOps;
+        stats_.deviceReductions += staging->deviceReductions();
+      }
       auto& s = stats_.perAlgorithm[label];
       ++s.calls;
       s.seconds += secs;
@@ -62,6 +75,11 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     return 0;
   });
   return work;
+}
+
+std::shared_ptr<Staging> CollxBackend::stagingFor(const std::vector<at::Tensor>& tensors, const char* op) {
+  if (Staging::current()) return nullptr;  // already running on the mirrors
+  return Staging::create(tensors, config_.stageCpuTensors, op, rank_);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::barrier(const c10d::BarrierOptions& opts) {

@@ -14,6 +14,7 @@
 #include "core/algorithms/algorithms.h"
 #include "core/executor.h"
 #include "core/transport/tcp/device.h"
+#include "staging.h"
 
 namespace collx::torch_glue {
 
@@ -24,6 +25,7 @@ struct Config {
   int treeArity = 2;
   size_t segmentBytes = 512 << 10;
   std::string ifname;
+  bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
 };
 
 struct OpStats {
@@ -35,6 +37,8 @@ struct Stats {
   uint64_t ops = 0;
   uint64_t bytesSent = 0;
   uint64_t bytesReceived = 0;
+  uint64_t stagedOps = 0;         // ops on device tensors, run through host mirrors
+  uint64_t deviceReductions = 0;  // reductions of those ops that ran on the device
   std::map<std::string, OpStats> perAlgorithm;  // "all_reduce/ring", "broadcast/tree", ...
 };
 
@@ -126,9 +130,18 @@ class CollxBackend : public c10d::Backend {
   c10::intrusive_ptr<CollxWork> enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                                         Body body, bool collective = true);
-  c10::intrusive_ptr<c10d::Work> allreduceFlat(c10d::OpType type, at::Tensor flat,
-                                               std::vector<at::Tensor> outputs, const c10d::ReduceOp& op,
-                                               Algorithm algorithm, std::chrono::milliseconds timeout);
+  // Device tensors (and CPU ones under stageCpuTensors) get a Staging; the
+  // op then reruns itself on host mirrors inside runStaged. Null: run as is.
+  std::shared_ptr<Staging> stagingFor(const std::vector<at::Tensor>& tensors, const char* op);
+  template <typename Fn>
+  c10::intrusive_ptr<c10d::Work> runStaged(std::shared_ptr<Staging> staging, Fn&& op) {
+    Staging::Scope scope(std::move(staging));
+    return op();
+  }
+  // All-reduce of `tensors` (in place) as one flat buffer.
+  c10::intrusive_ptr<c10d::Work> allreduceFlat(c10d::OpType type, std::vector<at::Tensor> tensors,
+                                               const c10d::ReduceOp& op, Algorithm algorithm,
+                                               std::chrono::milliseconds timeout);
 
   // A send or receive recorded for the executor; seq numbers are drawn when it
   // runs, so they follow execution order on both sides.
@@ -139,6 +152,8 @@ class CollxBackend : public c10d::Backend {
     at::Tensor tensor;
   };
   c10::intrusive_ptr<c10d::Work> runP2P(std::vector<P2POp> ops, c10d::OpType type);
+  // Runs one send or receive, or records it while coalescing.
+  c10::intrusive_ptr<c10d::Work> addP2P(P2POp op, c10d::OpType type);
 
   const Config config_;
   const std::chrono::milliseconds timeout_;
@@ -149,6 +164,7 @@ class CollxBackend : public c10d::Backend {
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<P2POp> coalesced_;
+  std::shared_ptr<Staging> coalescedStaging_;  // the batch's mirrors, when it has device tensors
   mutable std::mutex statsMutex_;
   Stats stats_;
   // Shared with the Works, which may run their op inline (see Executor).

@@ -2,6 +2,8 @@
 // Registration with torch.distributed happens in torchcollx/__init__.py.
 #include <torch/python.h>
 
+#include <cstdlib>
+
 #include "backend.h"
 #include "cast.h"
 #include "core/algorithms/tuning.h"
@@ -24,6 +26,15 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   config.treeArity = treeArity;
   config.segmentBytes = size_t(segmentBytes);
   config.ifname = ifname;
+  // A test knob, so read here rather than in Options: CPU tensors take the
+  // CUDA tensors' staging path (see staging.h).
+  if (const char* v = std::getenv("COLLX_STAGE_CPU_TENSORS")) {
+    std::string value(v);
+    if (value != "0" && value != "1") {
+      throw py::value_error("collx: COLLX_STAGE_CPU_TENSORS=" + value + " must be 0 or 1");
+    }
+    config.stageCpuTensors = value == "1";
+  }
   auto timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
   py::gil_scoped_release release;  // the rendezvous blocks on the Store and the peers
   return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config));
@@ -42,6 +53,8 @@ py::dict statsOf(const CollxBackend& b) {
   out["ops"] = s.ops;
   out["bytes_sent"] = s.bytesSent;
   out["bytes_received"] = s.bytesReceived;
+  out["staged_ops"] = s.stagedOps;
+  out["device_reductions"] = s.deviceReductions;
   out["algorithms"] = algos;
   return out;
 }

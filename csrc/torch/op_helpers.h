@@ -66,6 +66,20 @@ inline void checkSameShape(const std::vector<at::Tensor>& ts, const at::Tensor& 
   }
 }
 
+// Every tensor of the lists, in one vector (to check their devices at once).
+inline void appendAll(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& ts) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+inline void appendAll(std::vector<at::Tensor>& out, const std::vector<std::vector<at::Tensor>>& lists) {
+  for (const auto& ts : lists) appendAll(out, ts);
+}
+template <typename... Lists>
+std::vector<at::Tensor> allOf(const Lists&... lists) {
+  std::vector<at::Tensor> out;
+  (appendAll(out, lists), ...);
+  return out;
+}
+
 // "op/direct" or "op/tree": which shape a one-way tree collective took.
 std::string treeLabel(const char* op, const Collective& c, size_t bytes);
 

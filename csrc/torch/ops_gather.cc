@@ -34,6 +34,11 @@ std::string treeLabel(const char* op, const Collective& c, size_t bytes) {
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
+  if (auto st = stagingFor(tensors, "broadcast")) {
+    const bool root = rank_ == opts.rootRank;
+    auto host = st->mirror(tensors, root, !root);
+    return runStaged(st, [&] { return broadcast(host, opts); });
+  }
   const char* op = "broadcast";
   checkSingle(tensors, op, rank_);
   const DataType dtype = checkTensor(tensors[0], op, rank_);
@@ -73,6 +78,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather";
+  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+    auto hostOut = st->mirror(outputs, false, true);
+    auto hostIn = st->mirror(inputs, true, false);
+    return runStaged(st, [&] { return allgather(hostOut, hostIn, opts); });
+  }
   if (inputs.empty() || outputs.size() != inputs.size()) {
     fail(op, rank_, collx::str("got ", outputs.size(), " output lists for ", inputs.size(), " inputs"));
   }
@@ -109,6 +119,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_into_tensor";
+  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+    auto hostOut = st->mirror(outputs, false, true);
+    auto hostIn = st->mirror(inputs, true, false);
+    return runStaged(st, [&] { return allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
+  }
   if (inputs.empty() || outputs.size() != inputs.size()) {
     fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
   }
@@ -140,6 +155,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::gather(std::vector<std::vector<at::
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
   const char* op = "gather";
+  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+    auto hostOut = st->mirror(outputs, false, true);
+    auto hostIn = st->mirror(inputs, true, false);
+    return runStaged(st, [&] { return gather(hostOut, hostIn, opts); });
+  }
   checkSingle(inputs, op, rank_);
   const DataType dtype = checkTensor(inputs[0], op, rank_);
   checkRoot(opts.rootRank, size_, op, rank_);
@@ -180,6 +200,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::scatter(std::vector<at::Tensor>& ou
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
   const char* op = "scatter";
+  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+    auto hostOut = st->mirror(outputs, false, true);
+    auto hostIn = st->mirror(inputs, true, false);
+    return runStaged(st, [&] { return scatter(hostOut, hostIn, opts); });
+  }
   checkSingle(outputs, op, rank_);
   const DataType dtype = checkTensor(outputs[0], op, rank_);
   checkRoot(opts.rootRank, size_, op, rank_);
@@ -219,6 +244,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& inputSplits,
                                                            const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all_single";
+  if (auto st = stagingFor({output, input}, op)) {
+    at::Tensor hostOut = st->mirror(output, false, true);
+    at::Tensor hostIn = st->mirror(input, true, false);
+    return runStaged(st, [&] { return alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
+  }
   const DataType dtype = checkTensor(input, op, rank_);
   checkTensor(output, op, rank_);
   if (output.scalar_type() != input.scalar_type()) {
@@ -278,6 +308,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall(std::vector<at::Tensor>& o
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
   const char* op = "all_to_all";
+  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+    auto hostOut = st->mirror(outputs, false, true);
+    auto hostIn = st->mirror(inputs, true, false);
+    return runStaged(st, [&] { return alltoall(hostOut, hostIn, opts); });
+  }
   if (int(inputs.size()) != size_ || int(outputs.size()) != size_) {
     fail(op, rank_, collx::str("needs ", size_, " input and output tensors, got ", inputs.size(), " and ",
                                outputs.size()));

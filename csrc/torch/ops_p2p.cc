@@ -54,32 +54,41 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::runP2P(std::vector<P2POp> ops, c10d
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> CollxBackend::addP2P(P2POp op, c10d::OpType type) {
+  const char* name = op.isSend ? "send" : "recv";
+  std::unique_lock<std::mutex> lock(coalesceMutex_);
+  if (coalescing_) {
+    // The batch's device tensors share one staging, which goes with its one
+    // Work; CPU tensors need none.
+    if (!coalescedStaging_) coalescedStaging_ = stagingFor({op.tensor}, name);
+    if (coalescedStaging_ && coalescedStaging_->owns(op.tensor.device())) {
+      op.tensor = coalescedStaging_->mirror(op.tensor, op.isSend, !op.isSend);
+    } else if (!op.tensor.device().is_cpu()) {
+      fail(name, rank_, collx::str("a coalesced batch holds tensors of one device only, got ", op.tensor.device()));
+    }
+    coalesced_.push_back(std::move(op));
+    return nullptr;  // the batch's Work comes from endCoalescing
+  }
+  lock.unlock();
+  if (auto st = stagingFor({op.tensor}, name)) {
+    op.tensor = st->mirror(op.tensor, op.isSend, !op.isSend);
+    return runStaged(st, [&] { return runP2P({op}, type); });
+  }
+  return runP2P({op}, type);
+}
+
 c10::intrusive_ptr<c10d::Work> CollxBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   checkSingle(tensors, "send", rank_);
   checkTensor(tensors[0], "send", rank_);
   checkPeer(dstRank, rank_, size_, "send");
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    if (coalescing_) {
-      coalesced_.push_back({true, dstRank, tag, tensors[0]});
-      return nullptr;  // the batch's Work comes from endCoalescing
-    }
-  }
-  return runP2P({{true, dstRank, tag, tensors[0]}}, c10d::OpType::SEND);
+  return addP2P({true, dstRank, tag, tensors[0]}, c10d::OpType::SEND);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   checkSingle(tensors, "recv", rank_);
   checkTensor(tensors[0], "recv", rank_);
   checkPeer(srcRank, rank_, size_, "recv");
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    if (coalescing_) {
-      coalesced_.push_back({false, srcRank, tag, tensors[0]});
-      return nullptr;
-    }
-  }
-  return runP2P({{false, srcRank, tag, tensors[0]}}, c10d::OpType::RECV);
+  return addP2P({false, srcRank, tag, tensors[0]}, c10d::OpType::RECV);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
@@ -88,6 +97,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::recvAnysource(std::vector<at::Tenso
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) fail("recv", rank_, "a receive from any source cannot be part of a coalesced batch");
+  }
+  if (auto st = stagingFor(tensors, "recv")) {
+    at::Tensor host = st->mirror(tensors[0], false, true);
+    return runStaged(st, [&] { return runP2P({{false, -1, tag, host}}, c10d::OpType::RECVANYSOURCE); });
   }
   return runP2P({{false, -1, tag, tensors[0]}}, c10d::OpType::RECVANYSOURCE);
 }
@@ -100,14 +113,17 @@ void CollxBackend::startCoalescing() {
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::endCoalescing() {
   std::vector<P2POp> ops;
+  std::shared_ptr<Staging> staging;
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (!coalescing_) fail("end_coalescing", rank_, "coalescing was not started");
     coalescing_ = false;
     ops.swap(coalesced_);
+    staging.swap(coalescedStaging_);
   }
   // With no p2p recorded (collectives coalesce in Python), this still returns
   // a Work that completes after everything issued before it.
+  if (staging) return runStaged(staging, [&] { return runP2P(std::move(ops), c10d::OpType::COALESCED); });
   return runP2P(std::move(ops), c10d::OpType::COALESCED);
 }
 

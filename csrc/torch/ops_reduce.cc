@@ -19,14 +19,15 @@ void withScaling(const ResolvedOp& r, DataType dtype, void* buf, size_t n, int s
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, at::Tensor flat,
-                                                           std::vector<at::Tensor> outputs,
+c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                            const c10d::ReduceOp& op, Algorithm algo,
                                                            std::chrono::milliseconds timeout) {
-  const DataType dtype = checkTensor(flat, "all_reduce", rank_);
+  const DataType dtype = checkTensor(outputs[0], "all_reduce", rank_);
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] { return resolveOp(op, dtype, "all_reduce", rank_); });
   const int size = size_;
-  auto body = [flat, outputs, r, dtype, algo, size](const Collective& c) {
+  auto body = [outputs, r, dtype, algo, size](const Collective& c) {
+    // Read the inputs here, when the op runs: a staged op fills them just before.
+    at::Tensor flat = outputs.size() == 1 ? contiguousOf(outputs[0]).view(-1) : flatCopy(outputs);
     void* p = flat.data_ptr();
     size_t n = size_t(flat.numel());
     Algorithm ran;
@@ -39,20 +40,32 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, at
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
+  if (auto st = stagingFor(tensors, "all_reduce")) {
+    auto host = st->mirror(tensors, true, true);
+    return runStaged(st, [&] { return allreduce(host, opts); });
+  }
   checkSingle(tensors, "all_reduce", rank_);
   checkTensor(tensors[0], "all_reduce", rank_);
-  return allreduceFlat(c10d::OpType::ALLREDUCE, contiguousOf(tensors[0]).view(-1), tensors, opts.reduceOp,
-                       config_.algorithm, opTimeout(opts.timeout, timeout_));
+  return allreduceFlat(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp, config_.algorithm,
+                       opTimeout(opts.timeout, timeout_));
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
                                                            Algorithm algorithm) {
+  if (auto st = stagingFor({tensor}, "all_reduce")) {
+    at::Tensor host = st->mirror(tensor, true, true);
+    return runStaged(st, [&] { return allreduceWith(host, op, algorithm); });
+  }
   checkTensor(tensor, "all_reduce", rank_);
-  return allreduceFlat(c10d::OpType::ALLREDUCE, contiguousOf(tensor).view(-1), {tensor}, op, algorithm, timeout_);
+  return allreduceFlat(c10d::OpType::ALLREDUCE, {tensor}, op, algorithm, timeout_);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
+  if (auto st = stagingFor(tensors, "all_reduce_coalesced")) {
+    auto host = st->mirror(tensors, true, true);
+    return runStaged(st, [&] { return allreduce_coalesced(host, opts); });
+  }
   if (tensors.empty()) fail("all_reduce_coalesced", rank_, "got no tensors");
   for (const auto& t : tensors) {
     checkTensor(t, "all_reduce_coalesced", rank_);
@@ -61,12 +74,16 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at:
            collx::str("all tensors must have one dtype, got ", tensors[0].scalar_type(), " and ", t.scalar_type()));
     }
   }
-  return allreduceFlat(c10d::OpType::ALLREDUCE_COALESCED, flatCopy(tensors), tensors, opts.reduceOp,
-                       config_.algorithm, opTimeout(opts.timeout, timeout_));
+  return allreduceFlat(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.reduceOp, config_.algorithm,
+                       opTimeout(opts.timeout, timeout_));
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
+  if (auto st = stagingFor(tensors, "reduce")) {
+    auto host = st->mirror(tensors, true, rank_ == opts.rootRank);  // only the root's tensor changes
+    return runStaged(st, [&] { return reduce(host, opts); });
+  }
   const char* op = "reduce";
   checkSingle(tensors, op, rank_);
   const DataType dtype = checkTensor(tensors[0], op, rank_);
@@ -75,11 +92,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
     fail(op, rank_, collx::str("root rank ", opts.rootRank, " is out of range for a group of size ", size_));
   }
   const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-  // Other ranks' tensors stay unchanged (as in NCCL): they reduce a copy.
-  at::Tensor flat = rank_ == root ? contiguousOf(tensors[0]).view(-1) : tensors[0].reshape(-1).clone();
   std::vector<at::Tensor> outputs = tensors;
   const bool isRoot = rank_ == root;
-  auto body = [flat, outputs, r, dtype, root, isRoot](const Collective& c) {
+  auto body = [outputs, r, dtype, root, isRoot](const Collective& c) {
+    // Other ranks' tensors stay unchanged (as in NCCL): they reduce a copy.
+    at::Tensor flat = isRoot ? contiguousOf(outputs[0]).view(-1) : outputs[0].reshape(-1).clone();
     size_t n = size_t(flat.numel());
     withScaling(r, dtype, flat.data_ptr(), n, isRoot ? c.size() : 1,
                 [&] { collx::reduce(c, flat.data_ptr(), n, root, r.fn); });
@@ -105,6 +122,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter";
+  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+    auto hostOut = st->mirror(outputs, false, true);
+    auto hostIn = st->mirror(inputs, true, false);
+    return runStaged(st, [&] { return reduce_scatter(hostOut, hostIn, opts); });
+  }
   checkSingle(outputs, op, rank_);
   const DataType dtype = checkTensor(outputs[0], op, rank_);
   if (inputs.size() != 1 || int(inputs[0].size()) != size_) {
@@ -112,9 +134,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
   }
   checkSameShape(inputs[0], outputs[0], op, rank_, "input");
   const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-  at::Tensor work = flatCopy(inputs[0]);
-  at::Tensor out = outputs[0];
-  auto body = [work, out, r, dtype](const Collective& c) mutable { return reduceScatterInto(c, r, dtype, work, out); };
+  auto body = [in = inputs[0], out = outputs[0], r, dtype](const Collective& c) {
+    at::Tensor work = flatCopy(in);
+    return reduceScatterInto(c, r, dtype, work, out);
+  };
   return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
                  opTimeout(opts.timeout, timeout_), std::move(body));
 }
@@ -129,11 +152,15 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const c10d::ReduceScatterOptions& opts) {
   const char* op = "reduce_scatter_tensor";
+  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+    auto hostOut = st->mirror(outputs, false, true);
+    auto hostIn = st->mirror(inputs, true, false);
+    return runStaged(st, [&] { return reduce_scatter_tensor_coalesced(hostOut, hostIn, opts); });
+  }
   if (outputs.empty() || outputs.size() != inputs.size()) {
     fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
   }
   const DataType dtype = checkTensor(outputs[0], op, rank_);
-  std::vector<at::Tensor> works;
   for (size_t i = 0; i < outputs.size(); ++i) {
     checkTensor(inputs[i], op, rank_);
     if (outputs[i].scalar_type() != outputs[0].scalar_type() || inputs[i].scalar_type() != outputs[i].scalar_type() ||
@@ -141,12 +168,14 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
       fail(op, rank_, collx::str("input must hold world_size x output = ", outputs[i].numel() * size_, " x ",
                                  outputs[i].scalar_type(), ", got ", inputs[i].numel(), " x ", inputs[i].scalar_type()));
     }
-    works.push_back(inputs[i].reshape(-1).clone());
   }
   const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-  auto body = [works, outs = outputs, r, dtype](const Collective& c) mutable {
+  auto body = [ins = inputs, outs = outputs, r, dtype](const Collective& c) {
     std::string label;
-    for (size_t i = 0; i < works.size(); ++i) label = reduceScatterInto(c, r, dtype, works[i], outs[i]);
+    for (size_t i = 0; i < ins.size(); ++i) {
+      at::Tensor work = ins[i].reshape(-1).clone();  // a private copy, taken when the op runs
+      label = reduceScatterInto(c, r, dtype, work, outs[i]);
+    }
     return label;
   };
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpKind::kReduceScatter, dtype, outputs,

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/reduce/reduce.h"
 #include "core/types.h"
+#include "staging.h"
 
 namespace collx::torch_glue {
 
@@ -35,8 +36,8 @@ inline DataType coreDtype(const at::Tensor& t, const char* op, int rank) {
 inline DataType checkTensor(const at::Tensor& t, const char* op, int rank) {
   if (!t.defined()) fail(op, rank, "got an undefined tensor");
   if (t.is_sparse()) fail(op, rank, "sparse tensors are not supported");
-  if (!t.device().is_cpu()) {
-    fail(op, rank, collx::str("tensor is on ", t.device(), "; this build of collx reduces CPU tensors only"));
+  if (!t.device().is_cpu()) {  // CUDA tensors reach the ops as host mirrors (staging.h)
+    fail(op, rank, collx::str("tensor is on ", t.device(), "; collx supports CPU and CUDA tensors"));
   }
   return coreDtype(t, op, rank);
 }
@@ -85,7 +86,8 @@ inline ResolvedOp resolveOp(const c10d::ReduceOp& op, DataType dtype, const char
     fail(name, rank, collx::str("bitwise reduce op ", collx::name(core), " needs an integer or bool tensor, got ",
                          collx::name(dtype)));
   }
-  r.fn = cpuReduceFn(dtype, core);
+  // Under a device staging, large reductions run on the device.
+  r.fn = Staging::current() ? Staging::current()->reduceFn(dtype, core) : cpuReduceFn(dtype, core);
   return r;
 }
 

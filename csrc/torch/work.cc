@@ -2,12 +2,12 @@
 
 namespace collx::torch_glue {
 
-CollxWork::CollxWork(c10d::OpType type, const char* profilingTitle,
-                     std::vector<at::Tensor> outputs, uint64_t seq)
+CollxWork::CollxWork(c10d::OpType type, const char* profilingTitle, std::vector<at::Tensor> outputs, uint64_t seq,
+                     std::vector<c10::Device> devices)
     : c10d::Work(-1, type, profilingTitle),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::move(devices))),
       seq_(seq) {}
 
 void CollxWork::attach(std::shared_ptr<Executor> executor, uint64_t taskId) {

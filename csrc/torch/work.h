@@ -16,8 +16,10 @@ namespace collx::torch_glue {
 
 class CollxWork : public c10d::Work {
  public:
-  CollxWork(c10d::OpType type, const char* profilingTitle, std::vector<at::Tensor> outputs,
-            uint64_t seq);
+  // `devices`: the CUDA devices of the outputs, so the Future completes
+  // stream-correctly for its callbacks (empty for CPU tensors).
+  CollxWork(c10d::OpType type, const char* profilingTitle, std::vector<at::Tensor> outputs, uint64_t seq,
+            std::vector<c10::Device> devices = {});
 
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }

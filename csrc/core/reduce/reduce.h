@@ -3,13 +3,16 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "../types.h"
 
 namespace collx {
 
 // dst[i] = op(dst[i], src[i]) for i < count. dst and src do not overlap.
-using ReduceFn = void (*)(void* dst, const void* src, size_t count);
+// A std::function so the glue can hand in a reduction that runs elsewhere
+// (the CUDA staging path offloads large ones to the GPU).
+using ReduceFn = std::function<void(void* dst, const void* src, size_t count)>;
 
 // Throws Error for combinations that have no meaning (bitwise op on floats).
 ReduceFn cpuReduceFn(DataType dtype, ReduceOp op);

@@ -1,0 +1,140 @@
+#include "staging.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "tensor_checks.h"
+
+namespace collx::torch_glue {
+
+#ifdef COLLX_WITH_CUDA
+std::shared_ptr<Staging> makeCudaStaging(c10::Device device);  // staging_cuda.cc
+#endif
+
+namespace {
+
+thread_local std::shared_ptr<Staging> tlsCurrent;
+
+// CPU tensors through the staging path (COLLX_STAGE_CPU_TENSORS=1): plain
+// copies, and "device" reductions on scratch copies of dst and src, the way
+// the CUDA staging moves them.
+class HostStaging final : public Staging {
+ public:
+  bool owns(c10::Device device) const override { return device.is_cpu(); }
+  std::vector<c10::Device> devices() const override { return {}; }
+  void recordCaller() override {}
+
+ protected:
+  at::Tensor hostLike(const at::Tensor& device) override { return at::empty(device.sizes(), device.options()); }
+  void waitCaller() override {}
+  void copyAll(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override {
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  }
+  void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
+    const size_t bytes = count * elementSize(dtype);
+    scratch_.resize(2 * bytes);
+    std::memcpy(scratch_.data(), dst, bytes);
+    std::memcpy(scratch_.data() + bytes, src, bytes);
+    cpuReduceFn(dtype, op)(scratch_.data(), scratch_.data() + bytes, count);
+    std::memcpy(dst, scratch_.data(), bytes);
+  }
+
+ private:
+  std::vector<char> scratch_;
+};
+
+}  // namespace
+
+std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors, bool stageCpu, const char* op,
+                                         int rank) {
+  const at::Tensor* first = nullptr;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    if (!first) first = &t;
+    if (t.device() != first->device()) {
+      fail(op, rank, collx::str("all tensors must be on one device, got ", first->device(), " and ", t.device()));
+    }
+  }
+  if (!first) return nullptr;
+  for (const auto& t : tensors) {
+    if (t.defined() && t.is_sparse()) fail(op, rank, "sparse tensors are not supported");
+  }
+  const c10::Device device = first->device();
+  if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>() : nullptr;
+  if (!device.is_cuda()) return nullptr;  // checkTensor names the unsupported device
+#ifdef COLLX_WITH_CUDA
+  return makeCudaStaging(device);
+#else
+  fail(op, rank, collx::str("tensor is on ", device, " but this build of collx has no CUDA support (torch without "
+                            "CUDA, or no CUDA toolkit when it was built)"));
+#endif
+}
+
+at::Tensor Staging::mirror(const at::Tensor& device, bool copyIn, bool copyOut) {
+  if (!device.defined()) return device;
+  at::Tensor host = hostLike(device);
+  mirrors_.push_back({device, host, copyIn, copyOut});
+  return host;
+}
+
+std::vector<at::Tensor> Staging::mirror(const std::vector<at::Tensor>& device, bool copyIn, bool copyOut) {
+  std::vector<at::Tensor> hosts;
+  hosts.reserve(device.size());
+  for (const auto& t : device) hosts.push_back(mirror(t, copyIn, copyOut));
+  return hosts;
+}
+
+std::vector<std::vector<at::Tensor>> Staging::mirror(const std::vector<std::vector<at::Tensor>>& device,
+                                                    bool copyIn, bool copyOut) {
+  std::vector<std::vector<at::Tensor>> hosts;
+  hosts.reserve(device.size());
+  for (const auto& list : device) hosts.push_back(mirror(list, copyIn, copyOut));
+  return hosts;
+}
+
+std::vector<at::Tensor> Staging::deviceOf(const std::vector<at::Tensor>& hosts) const {
+  std::vector<at::Tensor> out;
+  out.reserve(hosts.size());
+  for (const auto& h : hosts) {
+    const Mirror* m = nullptr;
+    for (const auto& candidate : mirrors_) {
+      if (candidate.host.is_same(h)) m = &candidate;
+    }
+    out.push_back(m ? m->device : h);
+  }
+  return out;
+}
+
+void Staging::copyIn() {
+  waitCaller();
+  std::vector<at::Tensor> dst, src;
+  for (const auto& m : mirrors_) {
+    if (m.in) dst.push_back(m.host), src.push_back(m.device);
+  }
+  copyAll(dst, src);
+}
+
+void Staging::copyOut() {
+  std::vector<at::Tensor> dst, src;
+  for (const auto& m : mirrors_) {
+    if (m.out) dst.push_back(m.device), src.push_back(m.host);
+  }
+  copyAll(dst, src);
+}
+
+ReduceFn Staging::reduceFn(DataType dtype, ReduceOp op) {
+  ReduceFn host = cpuReduceFn(dtype, op);  // also rejects meaningless pairs up front
+  const size_t esize = elementSize(dtype);
+  return [this, host, dtype, op, esize](void* dst, const void* src, size_t count) {
+    if (count * esize < kDeviceReduceMinBytes) return host(dst, src, count);
+    reduceOnDevice(dtype, op, dst, src, count);
+    deviceReductions_.fetch_add(1, std::memory_order_relaxed);
+  };
+}
+
+const std::shared_ptr<Staging>& Staging::current() { return tlsCurrent; }
+
+Staging::Scope::Scope(std::shared_ptr<Staging> s) : previous_(std::move(tlsCurrent)) { tlsCurrent = std::move(s); }
+Staging::Scope::~Scope() { tlsCurrent = std::move(previous_); }
+
+}  // namespace collx::torch_glue

@@ -1,0 +1,88 @@
+// The CUDA side of Staging (staging.h): pinned host mirrors from torch's
+// caching host allocator, copies on a stream of collx's own, and reductions
+// by collx's kernels (csrc/cuda) in device scratch.
+#ifdef COLLX_WITH_CUDA
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+#include "cuda/kernels.h"
+#include "staging.h"
+
+namespace collx::torch_glue {
+
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error(collx::str("CUDA ", what, " failed: ", cudaGetErrorString(err)));
+}
+
+class CudaStaging final : public Staging {
+ public:
+  explicit CudaStaging(c10::Device device)
+      : device_(device), stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "event create");
+  }
+  ~CudaStaging() override {
+    c10::cuda::CUDAGuard guard(device_);
+    cudaEventDestroy(ready_);
+  }
+
+  bool owns(c10::Device device) const override { return device == device_; }
+  std::vector<c10::Device> devices() const override { return {device_}; }
+
+  void recordCaller() override {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaEventRecord(ready_, c10::cuda::getCurrentCUDAStream(device_.index()).stream()), "event record");
+  }
+
+ protected:
+  at::Tensor hostLike(const at::Tensor& device) override {
+    return at::empty(device.sizes(), device.options().device(at::kCPU).pinned_memory(true));
+  }
+
+  void waitCaller() override {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaStreamWaitEvent(stream_.stream(), ready_, 0), "stream wait");
+  }
+
+  void copyAll(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override {
+    c10::cuda::CUDAStreamGuard guard(stream_);
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i], /*non_blocking=*/true);
+    stream_.synchronize();
+  }
+
+  void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
+    c10::cuda::CUDAStreamGuard guard(stream_);
+    const size_t bytes = count * elementSize(dtype);
+    if (!scratch_.defined() || size_t(scratch_.nbytes()) < 2 * bytes) {
+      scratch_ = at::empty({int64_t(2 * bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
+    }
+    char* a = static_cast<char*>(scratch_.data_ptr());
+    char* b = a + bytes;
+    cudaStream_t s = stream_.stream();
+    check(cudaMemcpyAsync(a, dst, bytes, cudaMemcpyHostToDevice, s), "copy to device");
+    check(cudaMemcpyAsync(b, src, bytes, cudaMemcpyHostToDevice, s), "copy to device");
+    int err = cuda::reduce(dtype, op, a, b, count, 1.0, reinterpret_cast<cuda::Stream>(s));
+    check(cudaError_t(err), "reduce kernel launch");
+    check(cudaMemcpyAsync(dst, a, bytes, cudaMemcpyDeviceToHost, s), "copy to host");
+    check(cudaStreamSynchronize(s), "stream synchronize");
+  }
+
+ private:
+  c10::Device device_;
+  c10::cuda::CUDAStream stream_;
+  cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream at enqueue
+  at::Tensor scratch_;  // allocated on stream_, reused for the op's reductions
+};
+
+}  // namespace
+
+std::shared_ptr<Staging> makeCudaStaging(c10::Device device) { return std::make_shared<CudaStaging>(device); }
+
+}  // namespace collx::torch_glue
+
+#endif  // COLLX_WITH_CUDA

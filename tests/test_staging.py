@@ -1,0 +1,119 @@
+"""The device path of CUDA tensors (csrc/torch/staging.h), run on the CPU.
+
+COLLX_STAGE_CPU_TENSORS=1 sends CPU tensors through the same staging code
+that CUDA tensors take: host mirrors, copy-in before the op and copy-out
+after it, the op's Work reporting the user's tensors, batches of p2p ops
+sharing one staging, and large reductions running through the "device"
+reduce (scratch copies of dst and src, reduced apart, copied back). Only the
+copies and the kernel differ on a GPU (tests/test_cuda.py runs those).
+
+One launch at world size 3 reruns the all-reduce matrix and the reduce,
+gather and p2p suites of the other test files in that mode.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+torchcollx = pytest.importorskip("torchcollx")
+
+import test_allreduce  # noqa: E402
+import test_gather_ops  # noqa: E402
+import test_p2p  # noqa: E402
+import test_reduce_ops  # noqa: E402
+from common import ALGORITHMS, DTYPES, Suite, dtype_name, expected, gen, mismatch, run_checks  # noqa: E402
+from launcher import run_ranks  # noqa: E402
+
+STAGED_ENV = {"COLLX_STAGE_CPU_TENSORS": "1"}
+WS = 3
+
+
+def check_staging_counters(rank, ws, fail):
+    """Every op is staged; a large reduction runs on the "device", a small one not."""
+    group = dist.new_group(backend="collx")
+    small = gen(rank, torch.float32, "SUM", 100)
+    large = gen(rank, torch.float32, "SUM", 1 << 20, salt=1)
+    dist.all_reduce(small, group=group)
+    before = torchcollx.get_stats(group)["device_reductions"]
+    if before != 0:
+        fail(f"a 400-byte all_reduce ran {before} reductions on the device (below kDeviceReduceMinBytes)")
+    dist.all_reduce(large, group=group)
+    stats = torchcollx.get_stats(group)
+    if stats["device_reductions"] <= 0:
+        fail(f"a 4 MiB all_reduce ran no reduction on the device: {stats}")
+    if stats["staged_ops"] != stats["ops"] or stats["ops"] != 2:
+        fail(f"expected 2 ops, both staged: {stats}")
+    for name, got, count, salt in (("small", small, 100, 0), ("large", large, 1 << 20, 1)):
+        if m := mismatch(got, expected(ws, torch.float32, "SUM", count, salt), 1e-5, 1e-5):
+            fail(f"{name} all_reduce: {m}")
+    dist.destroy_process_group(group)
+
+
+def check_work_result_is_the_users_tensor(rank, ws, fail):
+    """Work.result() and the Future hold the caller's tensors, not the mirrors."""
+    t = gen(rank, torch.float64, "SUM", 1000)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    work.wait()
+    if work.result()[0].data_ptr() != t.data_ptr():
+        fail("Work.result() is not the tensor passed to all_reduce")
+    if fut.value()[0].data_ptr() != t.data_ptr():
+        fail("the Future's value is not the tensor passed to all_reduce")
+    if m := mismatch(t, expected(ws, torch.float64, "SUM", 1000), 1e-12, 1e-12):
+        fail(f"all_reduce: {m}")
+
+
+CHECKS = (
+    [check_staging_counters, check_work_result_is_the_users_tensor]
+    + test_reduce_ops.SUITE_CHECKS
+    + test_gather_ops.SUITE_CHECKS
+    + test_p2p.SUITE_CHECKS
+)
+
+
+def _staged(rank, ws):
+    out = test_allreduce._matrix(rank, ws)
+    out.update(run_checks(CHECKS, rank, ws))
+    return out
+
+
+SUITE = Suite(_staged, WS, with_gloo=True, timeout=600, env=STAGED_ENV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_staged_allreduce_matrix(algo, dtype):
+    SUITE.check(f"{algo}/{dtype_name(dtype)}")
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_staged_allreduce_large_and_stats(algo):
+    SUITE.check(f"{algo}/large")
+    SUITE.check(f"{algo}/stats")
+
+
+@pytest.mark.parametrize("check", [c.__name__ for c in CHECKS])
+def test_staged(check):
+    SUITE.check(check)
+
+
+def _unstaged_counters(rank, ws):
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    stats = torchcollx.get_stats()
+    return stats["staged_ops"], stats["device_reductions"], float(t[0])
+
+
+def test_cpu_tensors_are_not_staged_by_default():
+    for staged, reductions, value in run_ranks(_unstaged_counters, 2, timeout=60):
+        assert (staged, reductions, value) == (0, 0, 2.0)
+
+
+def _init_only(rank, ws):
+    return True
+
+
+def test_bad_stage_value_is_a_clear_error():
+    with pytest.raises(AssertionError, match="COLLX_STAGE_CPU_TENSORS='?yes'? must be 0 or 1"):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_STAGE_CPU_TENSORS": "yes"})
