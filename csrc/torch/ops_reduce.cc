@@ -25,13 +25,21 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   const DataType dtype = checkTensor(outputs[0], "all_reduce", rank_);
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] { return resolveOp(op, dtype, "all_reduce", rank_); });
   const int size = size_;
-  auto body = [outputs, r, dtype, algo, size](const Collective& c) {
+  // A large staged tensor is all-reduced chunk by chunk, overlapping its copies.
+  std::shared_ptr<Staging> pipeline = Staging::current();
+  if (pipeline && !(outputs.size() == 1 && pipeline->pipelines(outputs[0]))) pipeline = nullptr;
+  auto body = [outputs, r, dtype, algo, size, pipeline](const Collective& c) {
+    Algorithm ran;
+    auto run = [&](void* p, size_t n) {
+      withScaling(r, dtype, p, n, size, [&] { ran = collx::allreduce(c, algo, p, n, r.fn); });
+    };
+    if (pipeline) {
+      pipeline->pipeline(outputs[0], run);
+      return collx::str("all_reduce/", name(ran));
+    }
     // Read the inputs here, when the op runs: a staged op fills them just before.
     at::Tensor flat = outputs.size() == 1 ? contiguousOf(outputs[0]).view(-1) : flatCopy(outputs);
-    void* p = flat.data_ptr();
-    size_t n = size_t(flat.numel());
-    Algorithm ran;
-    withScaling(r, dtype, p, n, size, [&] { ran = collx::allreduce(c, algo, p, n, r.fn); });
+    run(flat.data_ptr(), size_t(flat.numel()));
     scatterBack(flat, outputs);
     return collx::str("all_reduce/", name(ran));
   };

@@ -1,5 +1,6 @@
 #include "staging.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -30,6 +31,12 @@ class HostStaging final : public Staging {
   void copyAll(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override {
     for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
   }
+  size_t copyAndMark(const at::Tensor& dst, const at::Tensor& src) override {
+    dst.copy_(src);
+    return 0;
+  }
+  void waitFor(size_t) override {}
+  void synchronize() override {}
   void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
     const size_t bytes = count * elementSize(dtype);
     scratch_.resize(2 * bytes);
@@ -109,7 +116,7 @@ void Staging::copyIn() {
   waitCaller();
   std::vector<at::Tensor> dst, src;
   for (const auto& m : mirrors_) {
-    if (m.in) dst.push_back(m.host), src.push_back(m.device);
+    if (m.in && !m.pipelined) dst.push_back(m.host), src.push_back(m.device);
   }
   copyAll(dst, src);
 }
@@ -117,9 +124,42 @@ void Staging::copyIn() {
 void Staging::copyOut() {
   std::vector<at::Tensor> dst, src;
   for (const auto& m : mirrors_) {
-    if (m.out) dst.push_back(m.device), src.push_back(m.host);
+    if (m.out && !m.pipelined) dst.push_back(m.device), src.push_back(m.host);
   }
   copyAll(dst, src);
+}
+
+bool Staging::pipelines(const at::Tensor& host) {
+  for (auto& m : mirrors_) {
+    if (!m.host.is_same(host)) continue;
+    m.pipelined = m.in && m.out && m.device.is_contiguous() && size_t(host.nbytes()) >= 2 * kPipelineChunkBytes;
+    return m.pipelined;
+  }
+  return false;
+}
+
+void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run) {
+  const Mirror* m = nullptr;
+  for (const auto& candidate : mirrors_) {
+    if (candidate.host.is_same(host) && candidate.pipelined) m = &candidate;
+  }
+  TORCH_INTERNAL_ASSERT(m, "collx: pipeline() on a tensor that pipelines() did not accept");
+  const at::Tensor h = m->host.view(-1), d = m->device.view(-1);
+  const int64_t n = h.numel(), step = std::max<int64_t>(1, int64_t(kPipelineChunkBytes / h.element_size()));
+  waitCaller();
+  std::vector<size_t> down;
+  for (int64_t at = 0; at < n; at += step) {
+    const int64_t len = std::min(step, n - at);
+    down.push_back(copyAndMark(h.narrow(0, at, len), d.narrow(0, at, len)));
+  }
+  for (size_t i = 0; i * step < size_t(n); ++i) {
+    const int64_t at = int64_t(i) * step, len = std::min(step, n - at);
+    waitFor(down[i]);
+    at::Tensor chunk = h.narrow(0, at, len);
+    run(chunk.data_ptr(), size_t(len));
+    copyAndMark(d.narrow(0, at, len), chunk);
+  }
+  synchronize();
 }
 
 ReduceFn Staging::reduceFn(DataType dtype, ReduceOp op) {

@@ -16,6 +16,14 @@
 // The Work finishes only after the op stream has synchronized, so wait() and
 // the Future's callbacks see finished data on any stream.
 //
+// A large all-reduce of one tensor is pipelined by chunk instead: every
+// chunk's D2H is queued at once, and chunk i's collective starts when its
+// D2H is done, while later chunks are still copying down and earlier ones
+// copying back up:
+//
+//   copy stream   D2H 0 | D2H 1 | D2H 2 |        H2D 0 |  H2D 1 |  H2D 2
+//   host                  [ all-reduce 0 ][ all-reduce 1 ][ all-reduce 2 ]
+//
 // COLLX_STAGE_CPU_TENSORS=1 sends CPU tensors down this same path, with plain
 // copies and CPU kernels for the "device" reductions: the CPU test suite then
 // exercises the staging logic that CUDA tensors use.
@@ -34,6 +42,8 @@ namespace collx::torch_glue {
 // Smaller reductions stay on the CPU: three PCIe copies and a stream sync
 // cost more than reducing a few KiB on the host.
 constexpr size_t kDeviceReduceMinBytes = 64 << 10;
+// Pipelined all-reduce: chunks of this many bytes, for tensors of >= 2 chunks.
+constexpr size_t kPipelineChunkBytes = 4 << 20;
 
 class Staging {
  public:
@@ -65,6 +75,14 @@ class Staging {
   void copyIn();
   void copyOut();
 
+  // Caller thread: whether the mirror `host` (in and out, of a contiguous
+  // device tensor, >= 2 chunks) will be pipelined; if so, copyIn and copyOut
+  // leave it to pipeline().
+  bool pipelines(const at::Tensor& host);
+  // Executor thread: runs `run(ptr, count)` chunk by chunk on `host`,
+  // overlapping the chunks' copies with the runs (see above).
+  void pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run);
+
   // A reduction that runs large calls on the device (see above).
   ReduceFn reduceFn(DataType dtype, ReduceOp op);
   uint64_t deviceReductions() const { return deviceReductions_.load(); }
@@ -86,6 +104,11 @@ class Staging {
   virtual void waitCaller() = 0;
   // Runs dst[i].copy_(src[i]) for all i on the op stream and waits for it.
   virtual void copyAll(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) = 0;
+  // Queues dst.copy_(src) on the op stream, then marks that point: waitFor
+  // returns once everything queued before the mark is done.
+  virtual size_t copyAndMark(const at::Tensor& dst, const at::Tensor& src) = 0;
+  virtual void waitFor(size_t mark) = 0;
+  virtual void synchronize() = 0;
   // dst = op(dst, src) for host dst and src, computed on the device.
   virtual void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) = 0;
 
@@ -93,6 +116,7 @@ class Staging {
   struct Mirror {
     at::Tensor device, host;
     bool in, out;
+    bool pipelined = false;
   };
   std::vector<Mirror> mirrors_;
   std::atomic<uint64_t> deviceReductions_{0};

@@ -22,13 +22,16 @@ void check(cudaError_t err, const char* what) {
 class CudaStaging final : public Staging {
  public:
   explicit CudaStaging(c10::Device device)
-      : device_(device), stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
+      : device_(device),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())),
+        reduceStream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
     c10::cuda::CUDAGuard guard(device_);
     check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "event create");
   }
   ~CudaStaging() override {
     c10::cuda::CUDAGuard guard(device_);
     cudaEventDestroy(ready_);
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
   }
 
   bool owns(c10::Device device) const override { return device == device_; }
@@ -55,15 +58,31 @@ class CudaStaging final : public Staging {
     stream_.synchronize();
   }
 
-  void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
+  size_t copyAndMark(const at::Tensor& dst, const at::Tensor& src) override {
     c10::cuda::CUDAStreamGuard guard(stream_);
+    dst.copy_(src, /*non_blocking=*/true);
+    cudaEvent_t e;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event create");
+    marks_.push_back(e);
+    check(cudaEventRecord(e, stream_.stream()), "event record");
+    return marks_.size() - 1;
+  }
+
+  void waitFor(size_t mark) override { check(cudaEventSynchronize(marks_.at(mark)), "event synchronize"); }
+
+  void synchronize() override { stream_.synchronize(); }
+
+  // On a stream of its own: a pipelined op's copy stream holds queued chunk
+  // copies that a reduction must not wait behind.
+  void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
+    c10::cuda::CUDAStreamGuard guard(reduceStream_);
     const size_t bytes = count * elementSize(dtype);
     if (!scratch_.defined() || size_t(scratch_.nbytes()) < 2 * bytes) {
       scratch_ = at::empty({int64_t(2 * bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
     }
     char* a = static_cast<char*>(scratch_.data_ptr());
     char* b = a + bytes;
-    cudaStream_t s = stream_.stream();
+    cudaStream_t s = reduceStream_.stream();
     check(cudaMemcpyAsync(a, dst, bytes, cudaMemcpyHostToDevice, s), "copy to device");
     check(cudaMemcpyAsync(b, src, bytes, cudaMemcpyHostToDevice, s), "copy to device");
     int err = cuda::reduce(dtype, op, a, b, count, 1.0, reinterpret_cast<cuda::Stream>(s));
@@ -74,9 +93,11 @@ class CudaStaging final : public Staging {
 
  private:
   c10::Device device_;
-  c10::cuda::CUDAStream stream_;
+  c10::cuda::CUDAStream stream_;         // waits for the caller; copies in and out
+  c10::cuda::CUDAStream reduceStream_;   // reductions
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream at enqueue
-  at::Tensor scratch_;  // allocated on stream_, reused for the op's reductions
+  std::vector<cudaEvent_t> marks_;  // of copyAndMark
+  at::Tensor scratch_;  // allocated on reduceStream_, reused for the op's reductions
 };
 
 }  // namespace
