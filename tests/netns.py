@@ -57,8 +57,10 @@ class TwoHosts:
                 if p.returncode != 0:
                     raise NamespacesUnavailable(f"ip netns add {ns}: {p.stderr.strip()}")
                 self._made.append(ns)
-            _ip("link", "add", self.veth[0], "netns", self.ns[0], "type", "veth",
-                "peer", "name", self.veth[1], "netns", self.ns[1])
+            p = _ip("link", "add", self.veth[0], "netns", self.ns[0], "type", "veth",
+                    "peer", "name", self.veth[1], "netns", self.ns[1], check=False)
+            if p.returncode != 0:
+                raise NamespacesUnavailable(f"cannot create a veth pair: {p.stderr.strip()}")
             for ns, veth, addr in zip(self.ns, self.veth, self.addrs):
                 _ip("link", "set", "lo", "up", ns=ns)
                 _ip("addr", "add", f"{addr}/24", "dev", veth, ns=ns)
