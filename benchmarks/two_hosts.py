@@ -1,6 +1,6 @@
 """Bytes across the wire: hierarchical against flat ring all-reduce on two "hosts".
 
-    sudo .venv/bin/python benchmarks/two_hosts.py [--size-mb 16] [--iters 10] [--nproc 2]
+    sudo .venv/bin/python benchmarks/two_hosts.py [--size-mb 16] [--iters 10] [--nproc 2] [--rate 1gbit]
 
 Makes two network namespaces joined by a veth pair (tests/netns.py), runs a
 torchrun with --nproc ranks in each (collx bound to the veth), and has every
@@ -12,8 +12,9 @@ give what crossed between the hosts per all-reduce.
 The model column is the payload alone: the flat ring over n = 2p ranks has two
 links between the hosts, each carrying 2(n-1)/n of the buffer; hier's leaders'
 ring over h = 2 hosts carries 2(h-1)/h = 1 buffer each way. The veth is a
-memory copy, as fast as loopback, so the times show the cost of the extra
-local steps rather than a slow network's savings.
+memory copy, as fast as loopback, so without --rate the times show the cost
+of the extra local steps rather than a slow network's savings; --rate limits
+each direction of the wire with a tc token bucket (e.g. 1gbit).
 """
 from __future__ import annotations
 
@@ -38,12 +39,15 @@ def main():
     p.add_argument("--size-mb", type=int, default=16)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--nproc", type=int, default=2, help="ranks per host")
+    p.add_argument("--rate", default=None, help="limit each direction of the wire, tc syntax (e.g. 1gbit)")
     p.add_argument("--timeout", type=float, default=300, help="hard limit for the whole run, seconds")
     args = p.parse_args()
     ws = 2 * args.nproc
     tmp = tempfile.mkdtemp(prefix="collx_two_hosts_bench_")
     try:
         with TwoHosts() as hosts:
+            if args.rate:
+                hosts.shape(args.rate)
             root = os.path.abspath(os.path.join(HERE, ".."))
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
                        OMP_NUM_THREADS="1")
@@ -71,7 +75,7 @@ def main():
     size = m["ring"]["buffer_bytes"]
     model = {"ring": 2 * 2 * (ws - 1) / ws, "hier": 2 * 2 * (2 - 1) / 2}
     print(f"all-reduce of {size / 2**20:.0f} MiB float32, {ws} ranks on 2 namespaces ({args.nproc} + {args.nproc}), "
-          f"{args.iters} iterations; hosts seen: {res['hosts']}")
+          f"{args.iters} iterations; wire: {args.rate or 'veth, unlimited'}; hosts seen: {res['hosts']}")
     print(f"{'algorithm':<10} {'bytes across veth / op':>24} {'÷ buffer':>9} {'model':>6} {'time / op':>11}")
     for algo in ("ring", "hier"):
         b, s = m[algo]["veth_bytes_per_op"], m[algo]["seconds_per_op"]

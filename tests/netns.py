@@ -108,6 +108,16 @@ class TwoHosts:
             procs.append(self.popen(host, argv, env=e, stdout=out, stderr=subprocess.STDOUT))
         return procs
 
+    def shape(self, rate: str):
+        """Limits each direction of the wire to `rate` (tc syntax, e.g. "1gbit")
+        with a token bucket on both veth ends: a network, not a memory copy."""
+        for ns, veth in zip(self.ns, self.veth):
+            p = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", veth, "root", "tbf",
+                                "rate", rate, "burst", "256kb", "latency", "100ms"],
+                               capture_output=True, text=True, timeout=20)
+            if p.returncode != 0:
+                raise RuntimeError(f"tc qdisc add on {veth} failed: {p.stderr.strip()}")
+
     def link_down(self, host: int):
         _ip("link", "set", self.veth[host], "down", ns=self.ns[host])
 
