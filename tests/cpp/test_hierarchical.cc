@@ -179,7 +179,8 @@ int main() {
     uint64_t seq = 0;
     int distinct = 0;
     for (int i = 0; i < n; ++i) distinct += std::find(hosts.begin(), hosts.begin() + i, hosts[i]) == hosts.begin() + i;
-    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(100003)}) {
+    // 262147 floats (1 MiB + 12 B): a host of 3+ ranks reduces by ring + gather.
+    for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(100003), size_t(262147)}) {
       testLayout(g, seq, hosts, Algorithm::kHierarchical, Algorithm::kHierarchical, count, 512 << 10);
       testLayout(g, seq, hosts, Algorithm::kHierarchical, Algorithm::kHierarchical, count, 4096);
       // auto: hierarchical exactly when hosts are several and one has several ranks.
