@@ -85,20 +85,31 @@ def check_ddp(rank, ws, fails, hook):
                          f"{(a - b).abs().max().item():.3g}")
 
 
+def quiet_veth_bytes(g):
+    """veth_bytes() while the wire is quiet: after a barrier (every rank has
+    received all bytes of the ops before it) and before the barrier that lets
+    the ranks go on (its root, rank 0, releases the others only after it has
+    read). Each barrier adds a few hundred bytes."""
+    dist.barrier(group=g)
+    n = veth_bytes()
+    dist.barrier(group=g)
+    return n
+
+
 def measure(groups, size_mb, iters):
-    """Bytes through this namespace's veth (tx+rx) and seconds per all-reduce."""
+    """Bytes through this namespace's veth (tx+rx) and seconds per all-reduce;
+    the counters of rank 0 are the ones to use (it is the barriers' root)."""
     out = {}
     t = torch.zeros(size_mb * (1 << 20) // 4)
     for algo in ("ring", "hier"):
         g = groups[algo]
         dist.all_reduce(t, group=g)  # warm-up: first-touch and the segment pipeline
-        dist.barrier(group=g)
-        before, start = veth_bytes(), time.perf_counter()
+        before = quiet_veth_bytes(g)
+        start = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(t, group=g)
         seconds = (time.perf_counter() - start) / iters
-        dist.barrier(group=g)
-        out[algo] = {"veth_bytes_per_op": (veth_bytes() - before) / iters, "seconds_per_op": seconds,
+        out[algo] = {"veth_bytes_per_op": (quiet_veth_bytes(g) - before) / iters, "seconds_per_op": seconds,
                      "buffer_bytes": t.numel() * 4}
     return out
 
