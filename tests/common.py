@@ -22,7 +22,7 @@ FLOAT_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM"]
 INT_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 BOOL_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 BITWISE_OPS = ["BAND", "BOR", "BXOR"]
-ALGORITHMS = ["ring", "tree", "star", "direct", "auto"]
+ALGORITHMS = ["ring", "tree", "star", "direct", "hier", "auto"]  # hier: one host here, a local reduce + broadcast
 
 PREMUL_FACTOR = 0.5  # exact in every float dtype
 

@@ -213,8 +213,9 @@ def check_registration_errors(rank, ws, fail):
 
 
 def check_auto_matches_backend(rank, ws, fail):
-    """The hook labels "auto" buckets with _C.choose_allreduce: it must be
-    what the backend runs for "auto"."""
+    """The hook labels "auto" buckets with backend.choose_allreduce (on one
+    host the same as _C.choose_allreduce): it must be what the backend runs
+    for "auto"."""
     backend = torchcollx.stats.backend_of()
     for nbytes in (4, 4096, 60_000, 100_000, 1 << 20, 25 << 20):
         t = torch.zeros(nbytes // 4)
@@ -225,6 +226,9 @@ def check_auto_matches_backend(rank, ws, fail):
         want = "all_reduce/" + torchcollx._C.choose_allreduce(ws, backend.tree_arity, nbytes)
         if ran != [want]:
             fail(f"{nbytes} bytes: the backend ran {ran}, the hook would label it {want}")
+        mine = "all_reduce/" + backend.choose_allreduce(nbytes)
+        if ran != [mine]:
+            fail(f"{nbytes} bytes: the backend ran {ran}, backend.choose_allreduce says {mine}")
 
 
 def check_stats(rank, ws, fail):

@@ -13,7 +13,8 @@ chosen for that call (``allreduce_with``), not through the group-wide
   tuning.cc``, also ``torchcollx._C.choose_allreduce``) pick the algorithm for
   the bytes that bucket puts on the wire, so DDP's small first bucket (1 MiB),
   its 25 MiB buckets and a tiny last one may travel differently;
-  ``"ring"``, ``"tree"``, ``"star"`` or ``"direct"`` force one.
+  ``"ring"``, ``"tree"``, ``"star"``, ``"direct"`` or ``"hier"`` force one. A
+  group that spans hosts, with several ranks on some host, takes ``"hier"``.
 * ``compression="bf16"`` or ``"fp16"`` casts a float32 bucket into one cached
   16-bit buffer with the fused ``_C.cast_scale`` kernel, pre-scaled by
   1/world_size (so fp16 sums cannot overflow), SUM-all-reduces it, and casts
@@ -92,8 +93,8 @@ class CommHookState:
     Args:
         process_group: a collx process group, or ``None`` for the default group
             (resolved now). Use the same group as the DDP model.
-        algorithm: ``"auto"`` (per bucket, by size), or ``"ring"``, ``"tree"``, ``"star"``,
-            ``"direct"`` (any of ``torchcollx.ALGORITHMS``).
+        algorithm: ``"auto"`` (per bucket, by size and host layout), or ``"ring"``, ``"tree"``,
+            ``"star"``, ``"direct"``, ``"hier"`` (any of ``torchcollx.ALGORITHMS``).
         compression: ``None``, ``"bf16"`` or ``"fp16"`` (float32 gradients only; see the module doc).
 
     Raises ``ValueError`` / ``TypeError`` / ``RuntimeError`` here, at construction,
@@ -139,8 +140,8 @@ class CommHookState:
 
     def _record(self, bytes_in: int, bytes_reduced: int) -> None:
         algo = self.algorithm
-        if algo == "auto":  # the backend's own cost model (tuning.cc): what "auto" runs
-            algo = _C.choose_allreduce(self.world_size, self.tree_arity, bytes_reduced)
+        if algo == "auto":  # the backend's own choice (host layout, then tuning.cc): what "auto" runs
+            algo = self.backend.choose_allreduce(bytes_reduced)
         self._counters.add(algo, bytes_in, bytes_reduced)
         self._group_counters.add(algo, bytes_in, bytes_reduced)
 

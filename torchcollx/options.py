@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("auto", "ring", "tree", "star", "direct")
+ALGORITHMS = ("auto", "ring", "tree", "star", "direct", "hier")
 
 _DEFAULTS = {"algorithm": "auto", "tree_arity": 2, "segment_bytes": 512 * 1024, "socket_ifname": ""}
 

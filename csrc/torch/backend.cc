@@ -1,6 +1,7 @@
 // Lifecycle, the op queue, barriers, splitting and stats of CollxBackend.
 #include "backend.h"
 
+#include "core/algorithms/tuning.h"
 #include "op_helpers.h"
 #include "store_adapter.h"
 #include "work.h"
@@ -127,6 +128,17 @@ c10::intrusive_ptr<c10d::Backend> CollxBackend::split(const c10::intrusive_ptr<c
   if (it == ranks.end()) return nullptr;  // not a member of the new group
   auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
   return c10::make_intrusive<CollxBackend>(store, int(it - ranks.begin()), int(ranks.size()), timeout, config_);
+}
+
+std::vector<int> CollxBackend::hosts() const {
+  std::vector<int> out;
+  for (int r = 0; r < size_; ++r) out.push_back(device_->host(r));
+  return out;
+}
+
+Algorithm CollxBackend::autoAllreduce(size_t bytes) const {
+  const int hosts = int(hostLayout(*device_).ranks.size());
+  return chooseAllreduce(size_, hosts, config_.treeArity, bytes);
 }
 
 Stats CollxBackend::stats() const {

@@ -120,6 +120,10 @@ class CollxBackend : public c10d::Backend {
 
   Stats stats() const;
   const Config& config() const { return config_; }
+  // Host index of every rank, from the addresses the ranks published
+  // (rendezvous.h), and what "auto" runs for an all-reduce of `bytes` here.
+  std::vector<int> hosts() const;
+  Algorithm autoAllreduce(size_t bytes) const;
 
  private:
   // Runs on the executor (or inline in a waiting caller); returns the stats

@@ -80,6 +80,11 @@ PYBIND11_MODULE(_C, m) {
           py::arg("tensor"), py::arg("algorithm") = "auto", py::arg("average") = false,
           py::call_guard<py::gil_scoped_release>(),
           "In-place SUM (or AVG) all-reduce with the algorithm picked for this call; returns the Work.")
+      .def_property_readonly("hosts", &CollxBackend::hosts,
+                             "Host index of every rank: ranks that published the same address share one.")
+      .def(
+          "choose_allreduce", [](const CollxBackend& b, size_t nbytes) { return std::string(collx::name(b.autoAllreduce(nbytes))); },
+          py::arg("nbytes"), "The algorithm 'auto' runs for an all-reduce of nbytes on this group (hosts, then the cost model).")
       .def_property_readonly("algorithm", [](const CollxBackend& b) { return collx::name(b.config().algorithm); })
       .def_property_readonly("tree_arity", [](const CollxBackend& b) { return b.config().treeArity; })
       .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; });
@@ -88,11 +93,12 @@ PYBIND11_MODULE(_C, m) {
         py::arg("ifname"));
   m.def(
       "choose_allreduce",
-      [](int worldSize, int treeArity, size_t nbytes) {
-        return std::string(collx::name(collx::chooseAllreduce(worldSize, treeArity, nbytes)));
+      [](int worldSize, int treeArity, size_t nbytes, int hosts) {
+        return std::string(collx::name(collx::chooseAllreduce(worldSize, hosts, treeArity, nbytes)));
       },
-      py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"),
-      "The algorithm 'auto' runs for an all-reduce of nbytes (the cost model of tuning.cc).");
+      py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"), py::arg("hosts") = 1,
+      "The algorithm 'auto' runs for an all-reduce of nbytes over world_size ranks on `hosts` machines\n"
+      "(hier when several hosts and some host runs several ranks, else the cost model of tuning.cc).");
   m.def(
       "predict_allreduce_us",
       [](const std::string& algorithm, int worldSize, int treeArity, size_t nbytes) {

@@ -205,7 +205,8 @@ int main() {
     Group g(n);
     uint64_t seq = 0;
     for (size_t count : counts) {
-      for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar, Algorithm::kDirect, Algorithm::kAuto}) {
+      for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar, Algorithm::kDirect,
+                             Algorithm::kHierarchical, Algorithm::kAuto}) {
         testAllreduce(g, seq, algo, count, 512 << 10, 2);
         if (count <= 100003) testAllreduce(g, seq, algo, count, 4096, 3);  // deep pipelining
       }

@@ -9,7 +9,7 @@
 
 namespace collx {
 
-enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kStar, kDirect, kCount };
+enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kStar, kDirect, kHierarchical, kCount };
 const char* name(Algorithm a);
 Algorithm parseAlgorithm(const char* s);  // throws Error on an unknown name
 
@@ -18,8 +18,18 @@ void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
+void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 
-// Runs `algo` (kAuto picks by the cost model) and returns the one that ran.
+// The ranks of a group by host (Transport::host): hosts in order of their
+// lowest rank, ranks ascending within a host, so ranks[h][0] is host h's leader.
+struct HostLayout {
+  std::vector<std::vector<int>> ranks;
+  int mine = 0;  // the index of this rank's host
+};
+HostLayout hostLayout(const Transport& t);
+
+// Runs `algo` and returns the one that ran. kAuto takes the hierarchical one
+// when the group spans hosts with several ranks on one, else the cost model's.
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn);
 
 // Broadcast of `count` elements from `root`: direct sends or a pipelined

@@ -1,5 +1,5 @@
-// All-reduce entry point: resolves auto through the cost model and runs one
-// of ring, tree or star.
+// All-reduce entry point: resolves auto (host layout, then the cost model)
+// and runs one of ring, tree, star, direct or hierarchical.
 #include <cstring>
 
 #include "../error.h"
@@ -9,7 +9,7 @@
 namespace collx {
 
 namespace {
-constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct"};
+constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct", "hier"};
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Algorithm::kCount));
 }  // namespace
 
@@ -21,18 +21,20 @@ Algorithm parseAlgorithm(const char* s) {
   for (size_t i = 0; i < size_t(Algorithm::kCount); ++i) {
     if (strcmp(s, kNames[i]) == 0) return Algorithm(i);
   }
-  throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree, star or direct)"));
+  throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree, star, direct or hier)"));
 }
 
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn) {
   if (algo == Algorithm::kAuto) {
-    algo = chooseAllreduce(c.size(), c.treeArity, count * elementSize(c.dtype));
+    const int hosts = int(hostLayout(c.transport).ranks.size());
+    algo = chooseAllreduce(c.size(), hosts, c.treeArity, count * elementSize(c.dtype));
   }
   switch (algo) {
     case Algorithm::kRing: ringAllreduce(c, buf, count, fn); break;
     case Algorithm::kTree: treeAllreduce(c, buf, count, fn); break;
     case Algorithm::kStar: starAllreduce(c, buf, count, fn); break;
     case Algorithm::kDirect: directAllreduce(c, buf, count, fn); break;
+    case Algorithm::kHierarchical: hierarchicalAllreduce(c, buf, count, fn); break;
     default: throw Error(str("collx: invalid all-reduce algorithm ", int(algo)));
   }
   return algo;

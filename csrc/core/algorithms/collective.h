@@ -32,6 +32,10 @@ struct Collective {
   int treeArity;
   Workspace& workspace;
 
+  // The same collective (identity, deadline, tunables) on another transport,
+  // e.g. a sub-group view of this one.
+  Collective on(Transport& t) const { return Collective{t, kind, dtype, seq, deadline, segmentBytes, treeArity, workspace}; }
+
   int rank() const { return transport.rank(); }
   int size() const { return transport.size(); }
   Frame frame(uint32_t tag) const { return Frame{kind, dtype, seq, tag}; }

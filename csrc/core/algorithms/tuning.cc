@@ -28,6 +28,7 @@ constexpr Cost kCost[] = {
     /* tree */ {30.0, 1000.0},
     /* star */ {30.0, 500.0},
     /* direct */ {30.0, 500.0},
+    /* hier */ {30.0, 1000.0},  // without a host layout: its one-host form, see steps()
 };
 static_assert(sizeof(kCost) / sizeof(kCost[0]) == size_t(Algorithm::kCount));
 
@@ -38,6 +39,9 @@ double steps(Algorithm a, int n, int arity) {
     case Algorithm::kTree: return 2.0 * treeDepth(n, arity);
     case Algorithm::kStar: return 2.0;
     case Algorithm::kDirect: return 1.0;
+    // Without hosts to go by, the hierarchical all-reduce is modelled as on
+    // one host: a local reduce and broadcast, i.e. the tree's two passes.
+    case Algorithm::kHierarchical: return 2.0 * treeDepth(n, arity);
     default: return 0;
   }
 }
@@ -51,6 +55,7 @@ double factor(Algorithm a, int n, int arity) {
     case Algorithm::kTree: return 1.0 + std::min(arity, n - 1);
     case Algorithm::kStar: return n - 1.0;
     case Algorithm::kDirect: return n - 1.0;
+    case Algorithm::kHierarchical: return 1.0 + std::min(arity, n - 1);
     default: return 0;
   }
 }
@@ -74,6 +79,11 @@ Algorithm chooseAllreduce(int n, int arity, size_t bytes) {
     }
   }
   return best;
+}
+
+Algorithm chooseAllreduce(int n, int hosts, int arity, size_t bytes) {
+  if (hosts > 1 && hosts < n) return Algorithm::kHierarchical;
+  return chooseAllreduce(n, arity, bytes);
 }
 
 int chooseTreeArity(int n, int arity, size_t bytes) {

@@ -13,8 +13,14 @@ namespace collx {
 // Predicted microseconds for an all-reduce of `bytes` on `n` ranks.
 double predictAllreduceUs(Algorithm algo, int n, int arity, size_t bytes);
 
-// The argmin of predictAllreduceUs over ring, tree and star.
+// The argmin of predictAllreduceUs over the flat algorithms (ring, tree,
+// star, direct): what auto runs on one host.
 Algorithm chooseAllreduce(int n, int arity, size_t bytes);
+
+// What auto runs for n ranks on `hosts` machines: the hierarchical all-reduce
+// when the group spans hosts and some host runs several ranks (only its
+// leaders' step crosses the network), else the flat choice.
+Algorithm chooseAllreduce(int n, int hosts, int arity, size_t bytes);
 
 // For one-way tree collectives (broadcast, reduce): the arity predicted
 // fastest for `bytes` among n-1 (direct to/from the root), `arity`, and 1 (a

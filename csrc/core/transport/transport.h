@@ -37,6 +37,10 @@ class Transport {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
+  // Which machine `rank` runs on: ranks with equal indices share a host. A
+  // transport that cannot tell puts every rank on host 0.
+  virtual int host(int rank) const { return 0; }
+
   // Queue one message to / from `peer`. Messages to a peer leave in post
   // order; receives from a peer match arriving messages in post order. The
   // buffer must stay valid until waitSome returns the op's cookie.

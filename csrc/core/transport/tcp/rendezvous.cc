@@ -1,5 +1,6 @@
 #include "rendezvous.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -28,7 +29,10 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
   Mesh mesh;
   mesh.sockets.resize(size);
   std::vector<Socket>& sockets = mesh.sockets;
-  if (size == 1) return mesh;
+  if (size == 1) {
+    mesh.hosts = {0};
+    return mesh;
+  }
   const Deadline deadline = Clock::now() + timeout;
 
   const uint64_t generation = uint64_t(store.add("collx/generation", 1) - 1) / uint64_t(size);
@@ -47,10 +51,16 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
   store.set(prefix + "addr/" + std::to_string(rank), bytesOf(self.str()));
 
   std::vector<Address> addrs(size);
+  std::vector<std::string> hostNames;  // by host index
   for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    addrs[peer] = Address::parse(stringOf(store.get(prefix + "addr/" + std::to_string(peer), timeout)));
-    if (addrs[peer].host() == self.host()) ++mesh.localRanks;
+    if (peer != rank) {
+      addrs[peer] = Address::parse(stringOf(store.get(prefix + "addr/" + std::to_string(peer), timeout)));
+    }
+    const std::string host = peer == rank ? self.host() : addrs[peer].host();
+    auto it = std::find(hostNames.begin(), hostNames.end(), host);
+    mesh.hosts.push_back(int(it - hostNames.begin()));
+    if (it == hostNames.end()) hostNames.push_back(host);
+    if (peer != rank && host == self.host()) ++mesh.localRanks;
   }
 
   const Hello mine{kHelloMagic, rank, size, 0, generation, token};

@@ -9,6 +9,10 @@
 //      it. A connection whose hello is not ours (wrong magic, token, rank or
 //      generation; garbage; silence) is dropped and accepting goes on.
 //   5. the listener closes; nobody else can connect afterwards.
+//
+// The published addresses also tell which ranks share a machine: ranks that
+// publish the same host address get the same host index (ranks on loopback
+// are one host; two network namespaces, or two machines, are two).
 #pragma once
 
 #include <vector>
@@ -20,6 +24,7 @@ namespace collx::tcp {
 
 struct Mesh {
   std::vector<Socket> sockets;  // one per peer; invalid at index `rank`
+  std::vector<int> hosts;       // host index per rank: equal published host address, equal index
   int localRanks = 1;           // ranks (this one included) publishing this host address
 };
 
