@@ -110,7 +110,9 @@ struct Bxor {
 // load); the bfloat16 ones are also built for x86-64-v3 and picked at load.
 constexpr size_t kBlock = 256;
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the ifunc resolvers of target_clones run before
+// its runtime is up and crash the process at load.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define COLLX_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define COLLX_MULTIVERSION
