@@ -228,3 +228,29 @@ SUITES = {ws: Suite(_suite, ws, timeout=300) for ws in WORLD_SIZES}
 def test_cuda(ws, check):
     SUITES[ws].check(check)
 
+
+
+def _split_group(rank, ws):
+    """split_group needs a default group bound to an accelerator (device_id)."""
+    import os
+
+    dist.init_process_group("collx", init_method=os.environ["COLLX_TEST_INIT_METHOD"], rank=rank, world_size=ws,
+                            device_id=DEV)
+    halves = dist.split_group(split_ranks=[[0, 1], [2, 3]])
+    mine = [0, 1] if rank < 2 else [2, 3]
+    t = torch.full((300_000,), float(rank + 1), device=DEV)
+    dist.all_reduce(t, group=halves)
+    ok = bool((t == sum(r + 1 for r in mine)).all())
+    pair = dist.new_group([1, 2])  # non-members take part in the split source's no-color split
+    if rank in (1, 2):
+        u = torch.full((10,), float(rank), device=DEV)
+        dist.all_reduce(u, group=pair)
+        ok = ok and bool((u == 3).all())
+    dist.destroy_process_group()
+    return ok
+
+
+def test_split_group_with_a_bound_device():
+    from launcher import run_ranks
+
+    assert run_ranks(_split_group, 4, timeout=180, init=False) == [True] * 4
