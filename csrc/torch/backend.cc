@@ -38,7 +38,10 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   if (staging) {
     outputs = staging->deviceOf(outputs);  // the user's tensors, not the mirrors
     devices = staging->devices();
-    staging->recordCaller();
+    asDistError(name(kind), rank_, [&] {
+      staging->recordCaller();
+      return 0;
+    });
   }
   auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq, std::move(devices));
   auto describe = [this, kind, dtype, seq, collective] {

@@ -70,7 +70,11 @@ std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors,
   if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>() : nullptr;
   if (!device.is_cuda()) return nullptr;  // checkTensor names the unsupported device
 #ifdef COLLX_WITH_CUDA
-  return makeCudaStaging(device);
+  try {
+    return makeCudaStaging(device);
+  } catch (const Error& e) {
+    fail(op, rank, e.what());
+  }
 #else
   fail(op, rank, collx::str("tensor is on ", device, " but this build of collx has no CUDA support (torch without "
                             "CUDA, or no CUDA toolkit when it was built)"));
