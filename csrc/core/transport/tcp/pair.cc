@@ -74,7 +74,9 @@ void Pair::progressSend(std::vector<uint64_t>& done) {
     if (rc < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      fail("failed while sending", errno);
+      int err = errno;
+      if (err == EPIPE || err == ECONNRESET) throwSalvagedAbort();
+      fail("failed while sending", err);
     }
     // Retire fully written messages.
     size_t left = size_t(rc);
@@ -139,6 +141,29 @@ void Pair::throwAbort(const FrameHeader& h) {
   } catch (const Error&) {
   }
   throw Error(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ", why));
+}
+
+void Pair::throwSalvagedAbort() {
+  // The peer closed with our data unread, which resets the connection, but the
+  // bytes it sent before (its abort frame last) stay readable. Read them all
+  // and look from the end for a header whose byte count reaches exactly there.
+  std::vector<char> tail(rx_.begin() + rxBegin_, rx_.begin() + rxEnd_);
+  char chunk[64 << 10];
+  for (;;) {
+    ssize_t rc = ::recv(socket_.fd(), chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (rc > 0) tail.insert(tail.end(), chunk, chunk + rc);
+    if (rc > 0 || (rc < 0 && errno == EINTR)) continue;
+    break;
+  }
+  const size_t hs = sizeof(FrameHeader);
+  for (size_t end = tail.size(), pos = end >= hs ? end - hs + 1 : 0; pos-- > 0 && end - pos <= hs + kMaxAbortBytes;) {
+    FrameHeader h;
+    memcpy(&h, tail.data() + pos, hs);
+    if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && pos + hs + h.bytes == end) {
+      throw Error(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ",
+                      std::string(tail.data() + pos + hs, h.bytes)));
+    }
+  }
 }
 
 void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {

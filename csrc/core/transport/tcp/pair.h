@@ -68,6 +68,9 @@ class Pair {
   void checkHeader(const FrameHeader& h, const RecvOp& op);
   // Throws the reason carried by a peer's abort frame.
   [[noreturn]] void throwAbort(const FrameHeader& h);
+  // After a send failed because the peer closed: its abort frame may still sit
+  // unread behind data of the current op; throws its reason if found.
+  void throwSalvagedAbort();
   [[noreturn]] void fail(const std::string& what, int err) const;
 
   int rank_;
