@@ -64,6 +64,26 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   return work;
 }
 
+void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {
+  auto* ce = dynamic_cast<const c10::Error*>(&e);
+  std::string why = ce ? ce->what_without_backtrace() : e.what();
+  const uint64_t seq = ++seq_;
+  Executor::Task task;
+  // In order with the other ops: peers see the cancel where #seq would be.
+  // A failure here is sticky in the device and reported by the next op.
+  task.run = [this, seq, kind, why] {
+    try {
+      device_->cancel(seq, kind, why, Clock::now() + timeout_);
+    } catch (const std::exception&) {
+    }
+  };
+  task.cancel = [](const std::string&) {};
+  try {
+    executor_->submit(std::move(task));
+  } catch (const std::exception&) {  // shut down: no peers to tell
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> CollxBackend::barrier(const c10d::BarrierOptions& opts) {
   // Queued behind every earlier op, so it also waits for them (as gloo's does).
   auto body = [](const Collective& c) {

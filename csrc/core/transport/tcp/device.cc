@@ -28,7 +28,7 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     : rank_(rank), size_(size), pairs_(size) {
   Mesh mesh = connectMesh(store, rank, size, options.ifname, options.timeout);
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]));
+    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]), &cancelled_);
   }
   // Pure busy-polling only pays while every local rank has a core of its
   // own; with more ranks than cores a waiter yields between polls instead.
@@ -82,6 +82,17 @@ void Device::postSend(int peer, const Frame& frame, const void* data, size_t byt
 void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) {
   pair(peer).postRecv(frame, data, bytes, cookie);
   ++pending_;
+}
+
+void Device::cancel(uint64_t seq, OpKind kind, const std::string& why, Deadline deadline) {
+  throwIfBroken();
+  cancelled_.insert(seq);
+  const std::string reason = why.substr(0, kMaxReasonBytes);  // outlives the sends: waitAll below
+  const Frame frame{OpKind::kCancel, DataType::kUInt8, seq, uint32_t(kind)};
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) postSend(peer, frame, reason.data(), reason.size(), 0);
+  }
+  waitAll(*this, deadline);
 }
 
 void Device::progressOnce(std::vector<uint64_t>& done) {

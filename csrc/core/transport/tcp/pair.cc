@@ -16,7 +16,6 @@ constexpr size_t kRxBufferBytes = 64 << 10;
 // recv() picks up several small frames; larger ones are read in place.
 constexpr size_t kDirectReadBytes = 16 << 10;
 constexpr int kMaxIov = 64;
-constexpr size_t kMaxAbortBytes = 2048;  // fits the receive buffer with its header
 
 std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, uint64_t bytes) {
   size_t es = elementSize(dtype);
@@ -25,8 +24,8 @@ std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, ui
 }
 }  // namespace
 
-Pair::Pair(int rank, int peer, Socket socket)
-    : rank_(rank), peer_(peer), socket_(std::move(socket)), rx_(kRxBufferBytes) {
+Pair::Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled)
+    : rank_(rank), peer_(peer), socket_(std::move(socket)), cancelled_(cancelled), rx_(kRxBufferBytes) {
   socket_.setNoDelay();
   socket_.setNonBlocking(true);
 }
@@ -121,7 +120,7 @@ bool Pair::fill(size_t want) {
 
 void Pair::sendAbort(const std::string& reason) {
   if (!socket_.valid() || (!sends_.empty() && sends_.front().done > 0)) return;
-  std::string why = reason.substr(0, kMaxAbortBytes);
+  std::string why = reason.substr(0, kMaxReasonBytes);
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.kind = uint8_t(OpKind::kAbort);
@@ -132,9 +131,21 @@ void Pair::sendAbort(const std::string& reason) {
   (void)rc;  // the connection closes next either way
 }
 
+bool Pair::skipCancel(const FrameHeader& h) {
+  size_t n = std::min<size_t>(h.bytes, kMaxReasonBytes);
+  if (!fill(sizeof(FrameHeader) + n)) return false;
+  std::string why(rx_.data() + rxBegin_ + sizeof(FrameHeader), n);
+  if (!cancelled_ || !cancelled_->count(h.seq)) {
+    throw Error(str("collx rank ", rank_, ": peer ", peer_, " did not run ", name(OpKind(h.tag)), " #", h.seq,
+                    ", which failed there: ", why));
+  }
+  rxBegin_ += sizeof(FrameHeader) + n;  // every rank failed that op: nothing to match
+  return true;
+}
+
 void Pair::throwAbort(const FrameHeader& h) {
   std::string why = "(no reason received)";
-  size_t n = std::min<size_t>(h.bytes, kMaxAbortBytes);
+  size_t n = std::min<size_t>(h.bytes, kMaxReasonBytes);
   rxBegin_ += sizeof(FrameHeader);
   try {
     if (fill(n)) why.assign(rx_.data() + rxBegin_, n);
@@ -156,7 +167,7 @@ void Pair::throwSalvagedAbort() {
     break;
   }
   const size_t hs = sizeof(FrameHeader);
-  for (size_t end = tail.size(), pos = end >= hs ? end - hs + 1 : 0; pos-- > 0 && end - pos <= hs + kMaxAbortBytes;) {
+  for (size_t end = tail.size(), pos = end >= hs ? end - hs + 1 : 0; pos-- > 0 && end - pos <= hs + kMaxReasonBytes;) {
     FrameHeader h;
     memcpy(&h, tail.data() + pos, hs);
     if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && pos + hs + h.bytes == end) {
@@ -194,6 +205,10 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
       if (!fill(sizeof(FrameHeader))) return;
       FrameHeader h;
       memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+      if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kCancel)) {
+        if (!skipCancel(h)) return;
+        continue;
+      }
       checkHeader(h, op);
       rxBegin_ += sizeof(h);
       op.headerDone = true;
@@ -231,10 +246,16 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
 }
 
 bool Pair::peekHeader(FrameHeader& header) {
-  if (!fill(sizeof(FrameHeader))) return false;
-  memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
-  if (header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kAbort)) throwAbort(header);
-  return true;
+  for (;;) {
+    if (!fill(sizeof(FrameHeader))) return false;
+    memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
+    if (header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kAbort)) throwAbort(header);
+    // A cancel of a collective this rank has not reached is not ours: leave it.
+    bool skippable = header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kCancel) && cancelled_ &&
+                     cancelled_->count(header.seq);
+    if (!skippable) return true;
+    if (!skipCancel(header)) return false;
+  }
 }
 
 std::string Pair::describePending() const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,9 @@ namespace collx::tcp {
 
 class Pair {
  public:
-  Pair(int rank, int peer, Socket socket);
+  // `cancelled`: the collectives this rank cancelled (owned by the Device);
+  // a peer's cancel frame for one of them is skipped, any other fails the op.
+  Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled);
 
   int fd() const { return socket_.fd(); }
   int peer() const { return peer_; }
@@ -66,6 +69,9 @@ class Pair {
   // socket has no more right now.
   bool fill(size_t want);
   void checkHeader(const FrameHeader& h, const RecvOp& op);
+  // At a cancel frame: false if it is not complete yet; true once a frame for
+  // a collective this rank cancelled too is consumed; throws for any other.
+  bool skipCancel(const FrameHeader& h);
   // Throws the reason carried by a peer's abort frame.
   [[noreturn]] void throwAbort(const FrameHeader& h);
   // After a send failed because the peer closed: its abort frame may still sit
@@ -76,6 +82,7 @@ class Pair {
   int rank_;
   int peer_;
   Socket socket_;
+  const std::set<uint64_t>* cancelled_;
   std::deque<SendOp> sends_;
   std::deque<RecvOp> recvs_;
 
