@@ -241,37 +241,11 @@ Socket connectTo(const Address& addr, Deadline deadline) {
   }
 }
 
-Socket acceptFrom(const Socket& listener, Deadline deadline) {
-  for (;;) {
-    if (!waitFor(listener.fd(), POLLIN, deadline)) {
-      throw TimeoutError("collx: timed out waiting for peers to connect");
-    }
-    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) return Socket(fd);
-    if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-      throw Error(str("collx: accept failed: ", strerror(errno)));
-    }
-  }
-}
-
 bool writeAll(const Socket& s, const void* data, size_t n, Deadline deadline) {
   auto p = static_cast<const char*>(data);
   while (n > 0) {
     if (!waitFor(s.fd(), POLLOUT, deadline)) return false;
     ssize_t rc = ::send(s.fd(), p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (rc < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (rc <= 0) return false;
-    p += rc;
-    n -= size_t(rc);
-  }
-  return true;
-}
-
-bool readAll(const Socket& s, void* data, size_t n, Deadline deadline) {
-  auto p = static_cast<char*>(data);
-  while (n > 0) {
-    if (!waitFor(s.fd(), POLLIN, deadline)) return false;
-    ssize_t rc = ::recv(s.fd(), p, n, MSG_DONTWAIT);
     if (rc < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (rc <= 0) return false;
     p += rc;

@@ -1,5 +1,5 @@
 // Thin RAII and helpers over POSIX TCP sockets: listen, connect with retry,
-// blocking exact reads/writes with a deadline (for the handshake only), and
+// a blocking exact write with a deadline (for the handshake only), and
 // the choice of the address a rank publishes.
 #pragma once
 
@@ -57,11 +57,7 @@ Socket listenOn(Address& addr);
 // Connects, retrying refused connections until the deadline.
 Socket connectTo(const Address& addr, Deadline deadline);
 
-// Accepts one connection, waiting until the deadline (throws TimeoutError).
-Socket acceptFrom(const Socket& listener, Deadline deadline);
-
-// Blocking exact transfers that give up at the deadline; false on EOF/error.
+// Blocking exact write that gives up at the deadline; false on error.
 bool writeAll(const Socket& s, const void* data, size_t n, Deadline deadline);
-bool readAll(const Socket& s, void* data, size_t n, Deadline deadline);
 
 }  // namespace collx::tcp
