@@ -15,7 +15,7 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
       p2pSent_(size, 0),
       p2pReceived_(size, 0) {
   StoreAdapter adapter(store);
-  tcp::DeviceOptions dopts{config_.ifname, timeout};
+  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout};
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
 }
 

@@ -24,6 +24,7 @@ struct Config {
   int treeArity = 2;
   size_t segmentBytes = 512 << 10;
   std::string ifname;
+  int family = AF_UNSPEC;
 };
 
 struct OpStats {

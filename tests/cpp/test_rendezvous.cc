@@ -91,7 +91,7 @@ void testStrangersDuringSetup() {
       cv.wait(lock, [&] { return strangersIn; });
       lastStartMs = msSince(t0);
     }
-    devices[r] = std::make_unique<Device>(store, r, n, DeviceOptions{"", std::chrono::seconds(60)});
+    devices[r] = std::make_unique<Device>(store, r, n, DeviceOptions{"", AF_UNSPEC, std::chrono::seconds(60)});
   });
   outside.join();
   int64_t formed = msSince(t0) - lastStartMs;
@@ -118,10 +118,41 @@ void testStrangersDuringSetup() {
   std::printf("strangers dropped; mesh formed %lld ms after the last rank joined\n", (long long)formed);
 }
 
+// COLLX_SOCKET_FAMILY=AF_INET6 with COLLX_SOCKET_IFNAME=lo: the ranks publish
+// [::1]:port and the mesh runs over IPv6 (skipped where ::1 cannot be bound).
+void testIpv6Loopback() {
+  Address probe = chooseAddress("lo", AF_INET6);
+  Socket s(::socket(AF_INET6, SOCK_STREAM, 0));
+  if (!s.valid() || ::bind(s.fd(), reinterpret_cast<sockaddr*>(&probe.storage), probe.len) != 0) {
+    std::printf("ipv6: skipped, cannot bind %s\n", probe.str().c_str());
+    return;
+  }
+  CHECK(probe.host() == "[::1]", "lo with AF_INET6 chose ", probe.str());
+  const int n = 3;
+  test::MemoryStore store;
+  std::vector<std::unique_ptr<Device>> devices(n);
+  test::runRanks(n, [&](int r) {
+    devices[r] = std::make_unique<Device>(store, r, n, DeviceOptions{"lo", AF_INET6, std::chrono::seconds(60)});
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(addressOf(store, r).storage.ss_family == AF_INET6, "rank ", r, " published ", addressOf(store, r).str());
+  }
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt64, 1, Clock::now() + std::chrono::seconds(30),
+                 1 << 12, 2, ws};
+    std::vector<int64_t> buf(100003, r);
+    allreduce(c, Algorithm::kRing, buf.data(), buf.size(), cpuReduceFn(DataType::kInt64, ReduceOp::kSum));
+    for (int64_t v : buf) CHECK(v == 3, "rank ", r, " got ", v);
+  });
+  std::printf("ipv6: a group of %d over %s works\n", n, addressOf(store, 0).str().c_str());
+}
+
 }  // namespace
 
 int main() {
   testStrangersDuringSetup();
+  testIpv6Loopback();
   std::printf("test_rendezvous: ok\n");
   return 0;
 }

@@ -26,7 +26,7 @@ constexpr auto kYieldSpin = std::chrono::microseconds(200);
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     : rank_(rank), size_(size), pairs_(size) {
-  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.timeout);
+  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.family, options.timeout);
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]), &cancelled_);
   }

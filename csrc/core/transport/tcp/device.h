@@ -17,6 +17,7 @@ namespace collx::tcp {
 
 struct DeviceOptions {
   std::string ifname;  // COLLX_SOCKET_IFNAME syntax; empty: hostname address
+  int family = AF_UNSPEC;  // COLLX_SOCKET_FAMILY: AF_INET, AF_INET6 or either
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };
 

@@ -99,7 +99,7 @@ void acceptPeers(const Socket& listener, std::vector<Socket>& sockets, int rank,
 
 }  // namespace
 
-Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
+Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
                  std::chrono::milliseconds timeout) {
   Mesh mesh;
   mesh.sockets.resize(size);
@@ -118,7 +118,7 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
     token = std::stoull(stringOf(store.get(prefix + "token", timeout)));
   }
 
-  Address self = chooseAddress(ifname);
+  Address self = chooseAddress(ifname, family);
   Socket listener = listenOn(self);
   store.set(prefix + "addr/" + std::to_string(rank), bytesOf(self.str()));
 

@@ -25,7 +25,7 @@ struct Mesh {
   int localRanks = 1;           // ranks (this one included) publishing this host address
 };
 
-Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
+Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
                  std::chrono::milliseconds timeout);
 
 }  // namespace collx::tcp

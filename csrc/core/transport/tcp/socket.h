@@ -48,8 +48,13 @@ struct Address {
 
 // The address this rank listens on: from `ifnameSpec` (COLLX_SOCKET_IFNAME
 // syntax: "eth0,eth1" picks by prefix, "^docker,lo" excludes) or else the
-// address the hostname resolves to, or else loopback.
-Address chooseAddress(const std::string& ifnameSpec);
+// address the hostname resolves to, or else loopback. `family` (AF_INET,
+// AF_INET6; AF_UNSPEC: either, IPv4 first) restricts the choice, as
+// NCCL_SOCKET_FAMILY does.
+Address chooseAddress(const std::string& ifnameSpec, int family = AF_UNSPEC);
+
+// "AF_INET" -> AF_INET, "AF_INET6" -> AF_INET6, "" -> AF_UNSPEC; throws otherwise.
+int parseFamily(const std::string& name);
 
 // Listens on `addr` with an ephemeral port; `addr` gets the bound port.
 Socket listenOn(Address& addr);
