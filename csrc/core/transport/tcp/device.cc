@@ -133,6 +133,7 @@ void Device::timeout() {
 void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   throwIfBroken();
   std::vector<pollfd> fds;
+  std::vector<Pair*> sendOnly;  // parallel to fds: pairs watched for control frames
   size_t start = done.size();
   const Deadline spinUntil = Clock::now() + spin_;
   try {
@@ -144,16 +145,27 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
         continue;
       }
       fds.clear();
+      sendOnly.clear();
       for (auto& p : pairs_) {
         if (!p) continue;
         short ev = short((p->wantsRead() ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
-        if (ev) fds.push_back({p->fd(), ev, 0});
+        // A peer we only send to may be one that will never read (it failed
+        // or cancelled this op): listen for its abort/cancel frame too.
+        bool watch = p->wantsWrite() && !p->wantsRead() && !p->hasBufferedHeader();
+        if (watch) ev |= POLLIN;
+        if (ev) {
+          fds.push_back({p->fd(), ev, 0});
+          sendOnly.push_back(watch ? p.get() : nullptr);
+        }
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) timeout();
       int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
       if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
       if (rc == 0 && Clock::now() >= deadline) timeout();
+      for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
+        if (sendOnly[i] && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) sendOnly[i]->checkControl();
+      }
     }
   } catch (const TimeoutError&) {
     throw;

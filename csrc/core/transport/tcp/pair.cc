@@ -245,6 +245,16 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
   }
 }
 
+void Pair::checkControl() {
+  FrameHeader h;
+  do {
+    if (!fill(sizeof(FrameHeader))) return;
+    memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+    if (h.magic != kFrameMagic) return;
+    if (h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
+  } while (h.kind == uint8_t(OpKind::kCancel) && skipCancel(h));
+}
+
 bool Pair::peekHeader(FrameHeader& header) {
   for (;;) {
     if (!fill(sizeof(FrameHeader))) return false;

@@ -36,6 +36,14 @@ class Pair {
   // may be posted). Throws like progressRecv.
   bool peekHeader(FrameHeader& header);
 
+  // For a pair this rank only sends to: reads what the peer sent meanwhile and
+  // throws if it is an abort, a cancel of an op not cancelled here, or the
+  // end of the connection, so that a sender blocked on a peer that will not
+  // read fails now with the peer's reason. Anything else is left for the
+  // receive that will check it.
+  void checkControl();
+  bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
+
   // A short description of what this pair still waits for, for timeouts.
   std::string describePending() const;
 
