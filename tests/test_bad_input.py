@@ -214,8 +214,9 @@ def test_one_rank_bad_input_others_fail_fast(ws):
 
 def _bad_receiver_of_big_broadcast(rank, ws):
     """Rank 0 broadcasts 64 MB; the last rank rejects its call (int16) and
-    issues nothing more on the group. The root, which only sends to it, must
-    not block on the full socket until the 30 s timeout: it hears the cancel."""
+    issues nothing more on the group. The rank sending it the data (the root,
+    or its parent in the chain) must not block on the full socket until the
+    30 s timeout: it hears the cancel."""
     g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=30))
     bad = ws - 1
     t = torch.ones(16 << 20) if rank != bad else torch.ones(8, dtype=torch.int16)
@@ -225,14 +226,20 @@ def _bad_receiver_of_big_broadcast(rank, ws):
 
 
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
-def test_one_rank_rejects_a_big_broadcast_the_root_fails_fast(ws):
+def test_one_rank_rejects_a_big_broadcast_its_sender_fails_fast(ws):
     res = run_ranks(_bad_receiver_of_big_broadcast, ws, timeout=120, with_gloo=True)
     for rank, (kind, msg, took) in enumerate(res):
         print(f"rank {rank}: {kind} after {took:.2f} s: {msg[:300]}")
     kind, msg, took = res[ws - 1]
     assert kind == "DistBackendError" and "unsupported dtype" in msg, res[ws - 1]
-    kind, msg, took = res[0]
-    assert kind == "DistBackendError" and f"peer {ws - 1}" in msg and "unsupported dtype" in msg, res[0]
-    assert took < 5, f"the root took {took:.1f} s to fail (group timeout 30 s)"
-    for rank in range(1, ws - 1):  # a valid receiver: done or failed, but fast
-        assert res[rank][2] < 5, res[rank]
+    # The bad rank never reads, so whoever sends it the 64 MB (the root at 2
+    # ranks, rank 1 in the 3-rank chain) would block: it must fail with the
+    # reason. A rank whose own part completed may return normally; none waits.
+    for rank in range(ws - 1):
+        assert res[rank][0] in ("ok", "DistBackendError") and res[rank][2] < 5, \
+            f"rank {rank}: {res[rank]} (group timeout 30 s)"
+    direct = [r for r in range(ws - 1) if f"peer {ws - 1} did not run broadcast" in res[r][1]
+              and "unsupported dtype" in res[r][1]]
+    assert direct, f"no rank failed with the bad rank's reason: {res}"
+    if ws == 2:
+        assert res[0][0] == "DistBackendError", res[0]

@@ -185,6 +185,11 @@ void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {
                     describe(op.expect.kind, op.expect.dtype, op.expect.seq, op.expect.tag,
                              op.bytes)));
   }
+  if (h.kind != uint8_t(OpKind::kP2P) && h.seq != op.expect.seq && cancelled_ && cancelled_->count(h.seq)) {
+    throw Error(str("collx rank ", rank_, ": peer ", peer_, " ran ",
+                    describe(OpKind(h.kind), DataType(h.dtype), h.seq, h.tag, h.bytes),
+                    ", which this rank rejected (its input was invalid here), so the group is out of step"));
+  }
   if (h.kind != uint8_t(op.expect.kind) || h.dtype != uint8_t(op.expect.dtype) ||
       h.seq != op.expect.seq || h.tag != op.expect.tag || h.bytes != op.bytes) {
     throw Error(str("collx rank ", rank_, ": mismatched collective with peer ", peer_,
