@@ -22,6 +22,9 @@ namespace {
 // peer it waits for can run on this core without a sleep/wakeup round trip.
 constexpr auto kSpin = std::chrono::microseconds(250);
 constexpr auto kYieldSpin = std::chrono::microseconds(200);
+// How long a failing rank may spend finishing half-sent messages so that its
+// abort frames reach the peers (all pairs together).
+constexpr auto kAbortGrace = std::chrono::milliseconds(200);
 }  // namespace
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
@@ -111,9 +114,11 @@ void Device::breakWith(const std::exception& e, bool isTimeout) {
   errorIsTimeout_ = isTimeout && !interrupted_;
   // Tell every peer why, so that ranks waiting on this one fail now with the
   // cause instead of at their timeout; then close, since the byte streams
-  // are at unknown positions and nothing more can be matched.
+  // are at unknown positions and nothing more can be matched. Finishing a
+  // half-sent message for that may take a peer that reads up to kAbortGrace.
+  const Deadline grace = Clock::now() + kAbortGrace;
   for (auto& p : pairs_) {
-    if (p) p->sendAbort(error_);
+    if (p) p->sendAbort(error_, grace);
   }
   closeSockets();
   pending_ = 0;

@@ -1,5 +1,6 @@
 #include "pair.h"
 
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -118,8 +119,38 @@ bool Pair::fill(size_t want) {
   return true;
 }
 
-void Pair::sendAbort(const std::string& reason) {
-  if (!socket_.valid() || (!sends_.empty() && sends_.front().done > 0)) return;
+bool Pair::finishPartialSend(Deadline deadline) {
+  SendOp& op = sends_.front();
+  const size_t total = sizeof(FrameHeader) + op.bytes;
+  while (op.done < total) {
+    iovec iov[2];
+    int n = 0;
+    if (op.done < sizeof(FrameHeader)) {
+      iov[n++] = {reinterpret_cast<char*>(&op.header) + op.done, sizeof(FrameHeader) - op.done};
+    }
+    size_t payloadDone = op.done > sizeof(FrameHeader) ? op.done - sizeof(FrameHeader) : 0;
+    if (payloadDone < op.bytes) iov[n++] = {const_cast<char*>(op.data) + payloadDone, op.bytes - payloadDone};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t rc = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (rc > 0) {
+      op.done += size_t(rc);
+    } else if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      pollfd p{socket_.fd(), POLLOUT, 0};
+      if (ms <= 0 || ::poll(&p, 1, int(ms)) <= 0) return false;
+    } else if (!(rc < 0 && errno == EINTR)) {
+      return false;
+    }
+  }
+  sends_.pop_front();
+  return true;
+}
+
+void Pair::sendAbort(const std::string& reason, Deadline deadline) {
+  if (!socket_.valid()) return;
+  if (!sends_.empty() && sends_.front().done > 0 && !finishPartialSend(deadline)) return;
   std::string why = reason.substr(0, kMaxReasonBytes);
   FrameHeader h{};
   h.magic = kFrameMagic;

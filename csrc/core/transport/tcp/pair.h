@@ -52,9 +52,10 @@ class Pair {
 
   void close() { socket_.reset(); }
 
-  // Best effort, never blocks: tells the peer why this rank gives up, unless
-  // a message is half sent (the peer then just sees the connection close).
-  void sendAbort(const std::string& reason);
+  // Best effort: tells the peer why this rank gives up. A message half sent
+  // is finished first if the peer takes it by `deadline`, so the abort frame
+  // starts at a frame boundary; else the peer just sees the connection close.
+  void sendAbort(const std::string& reason, Deadline deadline);
 
  private:
   struct SendOp {
@@ -86,6 +87,8 @@ class Pair {
   // unread behind data of the current op; throws its reason if found.
   void throwSalvagedAbort();
   [[noreturn]] void fail(const std::string& what, int err) const;
+  // Sends the rest of the half-sent front message; false if not by `deadline`.
+  bool finishPartialSend(Deadline deadline);
 
   int rank_;
   int peer_;
