@@ -8,7 +8,6 @@ covers more variants, with addresses read from the Store.)
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 import textwrap
