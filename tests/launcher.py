@@ -15,7 +15,10 @@ Failure handling (the point of this module):
 * HARD TIMEOUT: if ranks are still running after ``timeout`` seconds, every
   process is SIGKILLed and the failure names the ranks that hung;
 * a process that exits (crash, signal, ``os._exit``) without reporting fails
-  the run with its exit code / signal and the tail of its output.
+  the run with its exit code / signal and the tail of its output, unless its
+  rank is in ``may_die`` (fault-injection tests kill or stop ranks on
+  purpose): such a rank's entry in the result is ``Died(how)``, and it is
+  killed without failing the run once every other rank has finished.
 
 ``fn`` must be a module-level function of an importable module (a test
 module works: the children put its directory on ``sys.path``); ``args`` and
@@ -46,6 +49,11 @@ _GLOO = None  # set in the rank processes when with_gloo=True
 
 class RanksFailed(AssertionError):
     """One or more ranks failed, crashed or hung."""
+
+
+class Died(str):
+    """The result of a ``may_die`` rank that did not report: how it ended
+    (e.g. "killed by signal SIGKILL", or "still running" if it was stopped)."""
 
 
 def gloo():
@@ -110,6 +118,7 @@ def run_ranks(
     pg_timeout: float | None = None,
     init: bool = True,
     grace: float = 10.0,
+    may_die: tuple = (),
 ):
     """Runs ``fn(rank, world_size, *args)`` on ``world_size`` processes.
 
@@ -119,6 +128,8 @@ def run_ranks(
     pg_options: passed to init_process_group (e.g. torchcollx.Options(...)).
     pg_timeout: the process group timeout in seconds (default: a bit under
     ``timeout``, so a collx-side timeout reports an error before the kill).
+    may_die: ranks allowed to end without reporting (killed, stopped); the
+    run waits for the others only and returns ``Died(...)`` for these.
     init: False leaves init_process_group to ``fn`` itself; the rank then
     finds the rendezvous in ``launcher.rendezvous()`` style env vars
     COLLX_TEST_INIT_METHOD / COLLX_TEST_RANK / COLLX_TEST_WORLD_SIZE.
@@ -129,13 +140,13 @@ def run_ranks(
     workdir = tempfile.mkdtemp(prefix="collx-test-")
     try:
         return _run(fn, world_size, timeout, backend_init, env, args, with_gloo, pg_options,
-                    pg_timeout, init, grace, workdir)
+                    pg_timeout, init, grace, workdir, frozenset(may_die))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run(fn, world_size, timeout, backend_init, env, args, with_gloo, pg_options, pg_timeout,
-         init, grace, workdir):
+         init, grace, workdir, may_die):
     module = sys.modules[fn.__module__]
     module_file = os.path.abspath(module.__file__)
     if pg_timeout is None:
@@ -199,11 +210,12 @@ def _run(fn, world_size, timeout, backend_init, env, args, with_gloo, pg_options
         first_failure_at = None
         while True:
             done = [p.poll() is not None for p in procs]
-            if all(done):
+            if all(d or r in may_die for r, d in enumerate(done)):
                 break
             now = time.monotonic()
             if first_failure_at is None and any(
-                d and _read_result(r)[0] != "ok" for d, r in zip(done, results)
+                d and _read_result(res)[0] != "ok" and (r not in may_die or _read_result(res)[0] == "error")
+                for r, (d, res) in enumerate(zip(done, results))
             ):
                 first_failure_at = now
             if first_failure_at is not None and now - first_failure_at > grace:
@@ -213,10 +225,15 @@ def _run(fn, world_size, timeout, backend_init, env, args, with_gloo, pg_options
             time.sleep(0.05)
     finally:
         still = [r for r, p in enumerate(procs) if p.poll() is None]
+        exits = [_describe_exit(p.poll()) for p in procs]  # before the kill: a stopped rank is "still running"
         for p in procs:
             _kill(p)
 
     outcomes = [_read_result(r) for r in results]
+    for rank in may_die:
+        if outcomes[rank][0] == "missing":
+            outcomes[rank] = ("ok", Died(exits[rank]))
+    still = [r for r in still if r not in may_die]
     errors = []
     for rank, (status, payload) in enumerate(outcomes):
         if status == "error":

@@ -33,6 +33,7 @@ def _create_backend(dist_options, pg_options):
         opts.tree_arity,
         opts.segment_bytes,
         opts.socket_ifname,
+        opts.socket_family,
     )
 
 

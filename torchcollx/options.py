@@ -7,7 +7,9 @@ from typing import Optional
 
 ALGORITHMS = ("auto", "ring", "tree", "star", "direct", "hier")
 
-_DEFAULTS = {"algorithm": "auto", "tree_arity": 2, "segment_bytes": 512 * 1024, "socket_ifname": ""}
+_DEFAULTS = {"algorithm": "auto", "tree_arity": 2, "segment_bytes": 512 * 1024, "socket_ifname": "",
+             "socket_family": ""}
+SOCKET_FAMILIES = ("AF_INET", "AF_INET6")
 
 
 @dataclass
@@ -16,13 +18,16 @@ class Options:
 
     A field left as ``None`` takes its ``COLLX_*`` environment variable, or
     else the default: ``algorithm="auto"``, ``tree_arity=2``,
-    ``segment_bytes=512 KiB``, ``socket_ifname=""`` (the hostname's address).
+    ``segment_bytes=512 KiB``, ``socket_ifname=""`` (the hostname's address),
+    ``socket_family=""`` (either; ``"AF_INET"`` or ``"AF_INET6"`` restricts the
+    address collx listens on, like ``NCCL_SOCKET_FAMILY``).
     """
 
     algorithm: Optional[str] = None
     tree_arity: Optional[int] = None
     segment_bytes: Optional[int] = None
     socket_ifname: Optional[str] = None
+    socket_family: Optional[str] = None
 
     def resolved(self) -> "Options":
         """Fills every field from env or default, validating each value."""
@@ -31,6 +36,7 @@ class Options:
             tree_arity=_positive_int(self.tree_arity, "tree_arity", minimum=1),
             segment_bytes=_positive_int(self.segment_bytes, "segment_bytes", minimum=64),
             socket_ifname=_ifname(self.socket_ifname),
+            socket_family=_family(self.socket_family),
         )
 
 
@@ -69,3 +75,14 @@ def _ifname(value):
     if value is None:
         value, _ = _env("socket_ifname")
     return value or ""
+
+
+def _family(value):
+    source = "Options.socket_family"
+    if value is None:
+        value, source = _env("socket_family")
+        if value is None:
+            return _DEFAULTS["socket_family"]
+    if value not in ("",) + SOCKET_FAMILIES:
+        raise ValueError(f"collx: {source}={value!r} is not one of {', '.join(SOCKET_FAMILIES)}")
+    return value

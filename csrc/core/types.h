@@ -47,6 +47,7 @@ enum class OpKind : uint8_t {
   kScatter,
   kP2P,  // send / recv; seq is the per-pair p2p count, tag the user's tag
   kAbort,  // a rank failed; the payload says why
+  kCancel,  // a rank could not start collective #seq (bad input); tag: its kind, payload: why
   kCount,
 };
 

@@ -16,7 +16,7 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
       p2pSent_(size, 0),
       p2pReceived_(size, 0) {
   StoreAdapter adapter(store);
-  tcp::DeviceOptions dopts{config_.ifname, timeout};
+  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout};
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
 }
 
@@ -32,7 +32,6 @@ void CollxBackend::shutdown() {
 c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                                     std::vector<at::Tensor> outputs,
                                                     std::chrono::milliseconds timeout, Body body, bool collective) {
-  const uint64_t seq = collective ? ++seq_ : seq_.load();
   std::shared_ptr<Staging> staging = Staging::current();
   std::vector<c10::Device> devices;
   if (staging) {
@@ -43,6 +42,8 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       return 0;
     });
   }
+  // Drawn after the last check that may throw: a rejected op's number goes to its cancel.
+  const uint64_t seq = collective ? ++seq_ : seq_.load();
   auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq, std::move(devices));
   auto describe = [this, kind, dtype, seq, collective] {
     return collx::str("collx ", name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
@@ -84,6 +85,26 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
 std::shared_ptr<Staging> CollxBackend::stagingFor(const std::vector<at::Tensor>& tensors, const char* op) {
   if (Staging::current()) return nullptr;  // already running on the mirrors
   return Staging::create(tensors, config_.stageCpuTensors, op, rank_);
+}
+
+void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {
+  auto* ce = dynamic_cast<const c10::Error*>(&e);
+  std::string why = ce ? ce->what_without_backtrace() : e.what();
+  const uint64_t seq = ++seq_;
+  Executor::Task task;
+  // In order with the other ops: peers see the cancel where #seq would be.
+  // A failure here is sticky in the device and reported by the next op.
+  task.run = [this, seq, kind, why] {
+    try {
+      device_->cancel(seq, kind, why, Clock::now() + timeout_);
+    } catch (const std::exception&) {
+    }
+  };
+  task.cancel = [](const std::string&) {};
+  try {
+    executor_->submit(std::move(task));
+  } catch (const std::exception&) {  // shut down: no peers to tell
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::barrier(const c10d::BarrierOptions& opts) {

@@ -19,12 +19,14 @@
 namespace collx::torch_glue {
 
 class CollxWork;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 struct Config {
   Algorithm algorithm = Algorithm::kAuto;
   int treeArity = 2;
   size_t segmentBytes = 512 << 10;
   std::string ifname;
+  int family = AF_UNSPEC;
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
 };
 
@@ -130,6 +132,13 @@ class CollxBackend : public c10d::Backend {
   // label of what ran.
   using Body = std::function<std::string(const Collective&)>;
 
+  // Runs a collective's entry point. If it rejects its input (throws before
+  // queueing), the op still takes its sequence number and the peers hear why
+  // (Device::cancel): a peer running the op fails now, not at its timeout.
+  template <typename Fn>
+  c10::intrusive_ptr<c10d::Work> validated(OpKind kind, Fn&& fn);
+  void cancelRejected(OpKind kind, const std::exception& e);
+
   // Queues a collective (numbered in the group's sequence) or a p2p op.
   c10::intrusive_ptr<CollxWork> enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
@@ -174,5 +183,22 @@ class CollxBackend : public c10d::Backend {
   // Shared with the Works, which may run their op inline (see Executor).
   std::shared_ptr<Executor> executor_ = std::make_shared<Executor>();
 };
+
+// Entry points nest (allgather_coalesced calls allgather): only the outermost
+// one in this thread cancels.
+inline thread_local int tEntryDepth = 0;
+
+template <typename Fn>
+c10::intrusive_ptr<c10d::Work> CollxBackend::validated(OpKind kind, Fn&& fn) {
+  ++tEntryDepth;
+  try {
+    auto work = fn();
+    --tEntryDepth;
+    return work;
+  } catch (const std::exception& e) {
+    if (--tEntryDepth == 0) cancelRejected(kind, e);
+    throw;
+  }
+}
 
 }  // namespace collx::torch_glue

@@ -16,10 +16,12 @@ namespace {
 
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                 int size, double timeoutSeconds, const std::string& algorithm,
-                                                int treeArity, int64_t segmentBytes, const std::string& ifname) {
+                                                int treeArity, int64_t segmentBytes, const std::string& ifname,
+                                                const std::string& family) {
   collx::torch_glue::Config config;
   try {
     config.algorithm = collx::parseAlgorithm(algorithm.c_str());
+    config.family = collx::tcp::parseFamily(family);
   } catch (const collx::Error& e) {
     throw py::value_error(e.what());
   }
@@ -90,7 +92,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; });
   m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
-        py::arg("ifname"));
+        py::arg("ifname"), py::arg("family") = "");
   m.def(
       "choose_allreduce",
       [](int worldSize, int treeArity, size_t nbytes, int hosts) {

@@ -34,320 +34,338 @@ std::string treeLabel(const char* op, const Collective& c, size_t bytes) {
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
-  if (auto st = stagingFor(tensors, "broadcast")) {
-    const bool root = rank_ == opts.rootRank;
-    auto host = st->mirror(tensors, root, !root);
-    return runStaged(st, [&] { return broadcast(host, opts); });
-  }
-  const char* op = "broadcast";
-  checkSingle(tensors, op, rank_);
-  const DataType dtype = checkTensor(tensors[0], op, rank_);
-  checkRoot(opts.rootRank, size_, op, rank_);
-  if (opts.rootTensor != 0) fail(op, rank_, collx::str("root tensor ", opts.rootTensor, " must be 0"));
-  at::Tensor flat = contiguousOf(tensors[0]);
-  std::vector<at::Tensor> outputs = tensors;
-  const int root = int(opts.rootRank);
-  auto body = [flat, outputs, root](const Collective& c) {
-    collx::broadcast(c, flat.data_ptr(), size_t(flat.numel()), root);
-    if (flat.data_ptr() != outputs[0].data_ptr()) outputs[0].copy_(flat);
-    return treeLabel("broadcast", c, size_t(flat.nbytes()));
-  };
-  return enqueue(c10d::OpType::BROADCAST, OpKind::kBroadcast, dtype, outputs, opTimeout(opts.timeout, timeout_),
-                 std::move(body));
+  return validated(OpKind::kBroadcast, [&]() -> WorkPtr {
+    if (auto st = stagingFor(tensors, "broadcast")) {
+      const bool root = rank_ == opts.rootRank;
+      auto host = st->mirror(tensors, root, !root);
+      return runStaged(st, [&] { return broadcast(host, opts); });
+    }
+    const char* op = "broadcast";
+    checkSingle(tensors, op, rank_);
+    const DataType dtype = checkTensor(tensors[0], op, rank_);
+    checkRoot(opts.rootRank, size_, op, rank_);
+    if (opts.rootTensor != 0) fail(op, rank_, collx::str("root tensor ", opts.rootTensor, " must be 0"));
+    at::Tensor flat = contiguousOf(tensors[0]);
+    std::vector<at::Tensor> outputs = tensors;
+    const int root = int(opts.rootRank);
+    auto body = [flat, outputs, root](const Collective& c) {
+      collx::broadcast(c, flat.data_ptr(), size_t(flat.numel()), root);
+      if (flat.data_ptr() != outputs[0].data_ptr()) outputs[0].copy_(flat);
+      return treeLabel("broadcast", c, size_t(flat.nbytes()));
+    };
+    return enqueue(c10d::OpType::BROADCAST, OpKind::kBroadcast, dtype, outputs, opTimeout(opts.timeout, timeout_),
+                   std::move(body));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) {
-  // torch passes outputs[rank][input] here but outputs[input][rank] to allgather.
-  const char* op = "all_gather_coalesced";
-  if (int(outputs.size()) != size_) {
-    fail(op, rank_, collx::str("got ", outputs.size(), " output lists for a group of size ", size_));
-  }
-  std::vector<std::vector<at::Tensor>> byInput(inputs.size());
-  for (const auto& perRank : outputs) {
-    if (perRank.size() != inputs.size()) {
-      fail(op, rank_, collx::str("each output list needs ", inputs.size(), " tensors, got ", perRank.size()));
+  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
+    // torch passes outputs[rank][input] here but outputs[input][rank] to allgather.
+    const char* op = "all_gather_coalesced";
+    if (int(outputs.size()) != size_) {
+      fail(op, rank_, collx::str("got ", outputs.size(), " output lists for a group of size ", size_));
     }
-    for (size_t i = 0; i < inputs.size(); ++i) byInput[i].push_back(perRank[i]);
-  }
-  return allgather(byInput, inputs, opts);
+    std::vector<std::vector<at::Tensor>> byInput(inputs.size());
+    for (const auto& perRank : outputs) {
+      if (perRank.size() != inputs.size()) {
+        fail(op, rank_, collx::str("each output list needs ", inputs.size(), " tensors, got ", perRank.size()));
+      }
+      for (size_t i = 0; i < inputs.size(); ++i) byInput[i].push_back(perRank[i]);
+    }
+    return allgather(byInput, inputs, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::AllgatherOptions& opts) {
-  const char* op = "all_gather";
-  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-    auto hostOut = st->mirror(outputs, false, true);
-    auto hostIn = st->mirror(inputs, true, false);
-    return runStaged(st, [&] { return allgather(hostOut, hostIn, opts); });
-  }
-  if (inputs.empty() || outputs.size() != inputs.size()) {
-    fail(op, rank_, collx::str("got ", outputs.size(), " output lists for ", inputs.size(), " inputs"));
-  }
-  const DataType dtype = checkTensor(inputs[0], op, rank_);
-  std::vector<at::Tensor> all;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkTensor(inputs[i], op, rank_);
-    if (int(outputs[i].size()) != size_) {
-      fail(op, rank_, collx::str("output list has ", outputs[i].size(), " tensors for a group of size ", size_));
+  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
+    const char* op = "all_gather";
+    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+      auto hostOut = st->mirror(outputs, false, true);
+      auto hostIn = st->mirror(inputs, true, false);
+      return runStaged(st, [&] { return allgather(hostOut, hostIn, opts); });
     }
-    checkSameShape(outputs[i], inputs[i], op, rank_, "output");
-    all.insert(all.end(), outputs[i].begin(), outputs[i].end());
-  }
-  auto body = [inputs, outputs](const Collective& c) {
-    std::string label;
+    if (inputs.empty() || outputs.size() != inputs.size()) {
+      fail(op, rank_, collx::str("got ", outputs.size(), " output lists for ", inputs.size(), " inputs"));
+    }
+    const DataType dtype = checkTensor(inputs[0], op, rank_);
+    std::vector<at::Tensor> all;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor flat = at::empty({inputs[i].numel() * c.size()}, inputs[i].options());
-      label = allgatherInto(c, inputs[i], flat);
-      scatterBack(flat, outputs[i]);
+      checkTensor(inputs[i], op, rank_);
+      if (int(outputs[i].size()) != size_) {
+        fail(op, rank_, collx::str("output list has ", outputs[i].size(), " tensors for a group of size ", size_));
+      }
+      checkSameShape(outputs[i], inputs[i], op, rank_, "output");
+      all.insert(all.end(), outputs[i].begin(), outputs[i].end());
     }
-    return label;
-  };
-  return enqueue(c10d::OpType::ALLGATHER, OpKind::kAllgather, dtype, all, opTimeout(opts.timeout, timeout_),
-                 std::move(body));
+    auto body = [inputs, outputs](const Collective& c) {
+      std::string label;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        at::Tensor flat = at::empty({inputs[i].numel() * c.size()}, inputs[i].options());
+        label = allgatherInto(c, inputs[i], flat);
+        scatterBack(flat, outputs[i]);
+      }
+      return label;
+    };
+    return enqueue(c10d::OpType::ALLGATHER, OpKind::kAllgather, dtype, all, opTimeout(opts.timeout, timeout_),
+                   std::move(body));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
-  std::vector<at::Tensor> outs{output}, ins{input};
-  return allgather_into_tensor_coalesced(outs, ins, opts);
+  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
+    std::vector<at::Tensor> outs{output}, ins{input};
+    return allgather_into_tensor_coalesced(outs, ins, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const c10d::AllgatherOptions& opts) {
-  const char* op = "all_gather_into_tensor";
-  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-    auto hostOut = st->mirror(outputs, false, true);
-    auto hostIn = st->mirror(inputs, true, false);
-    return runStaged(st, [&] { return allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
-  }
-  if (inputs.empty() || outputs.size() != inputs.size()) {
-    fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
-  }
-  const DataType dtype = checkTensor(inputs[0], op, rank_);
-  std::vector<at::Tensor> flats;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkTensor(inputs[i], op, rank_);
-    checkTensor(outputs[i], op, rank_);
-    if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != inputs[i].numel() * size_) {
-      fail(op, rank_, collx::str("output must hold world_size x input = ", inputs[i].numel() * size_, " x ",
-                                 inputs[i].scalar_type(), ", got ", outputs[i].numel(), " x ",
-                                 outputs[i].scalar_type()));
+  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
+    const char* op = "all_gather_into_tensor";
+    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+      auto hostOut = st->mirror(outputs, false, true);
+      auto hostIn = st->mirror(inputs, true, false);
+      return runStaged(st, [&] { return allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
     }
-    flats.push_back(contiguousOf(outputs[i]).view(-1));
-  }
-  auto body = [inputs, outputs, flats](const Collective& c) mutable {
-    std::string label;
+    if (inputs.empty() || outputs.size() != inputs.size()) {
+      fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
+    }
+    const DataType dtype = checkTensor(inputs[0], op, rank_);
+    std::vector<at::Tensor> flats;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      label = allgatherInto(c, inputs[i], flats[i]);
-      if (flats[i].data_ptr() != outputs[i].data_ptr()) outputs[i].copy_(flats[i].view(outputs[i].sizes()));
+      checkTensor(inputs[i], op, rank_);
+      checkTensor(outputs[i], op, rank_);
+      if (outputs[i].scalar_type() != inputs[i].scalar_type() || outputs[i].numel() != inputs[i].numel() * size_) {
+        fail(op, rank_, collx::str("output must hold world_size x input = ", inputs[i].numel() * size_, " x ",
+                                   inputs[i].scalar_type(), ", got ", outputs[i].numel(), " x ",
+                                   outputs[i].scalar_type()));
+      }
+      flats.push_back(contiguousOf(outputs[i]).view(-1));
     }
-    return label;
-  };
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, OpKind::kAllgather, dtype, outputs,
-                 opTimeout(opts.timeout, timeout_), std::move(body));
+    auto body = [inputs, outputs, flats](const Collective& c) mutable {
+      std::string label;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        label = allgatherInto(c, inputs[i], flats[i]);
+        if (flats[i].data_ptr() != outputs[i].data_ptr()) outputs[i].copy_(flats[i].view(outputs[i].sizes()));
+      }
+      return label;
+    };
+    return enqueue(c10d::OpType::_ALLGATHER_BASE, OpKind::kAllgather, dtype, outputs,
+                   opTimeout(opts.timeout, timeout_), std::move(body));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
-  const char* op = "gather";
-  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-    auto hostOut = st->mirror(outputs, false, true);
-    auto hostIn = st->mirror(inputs, true, false);
-    return runStaged(st, [&] { return gather(hostOut, hostIn, opts); });
-  }
-  checkSingle(inputs, op, rank_);
-  const DataType dtype = checkTensor(inputs[0], op, rank_);
-  checkRoot(opts.rootRank, size_, op, rank_);
-  const int root = int(opts.rootRank);
-  std::vector<at::Tensor> outs;
-  if (rank_ == root) {
-    if (outputs.size() != 1 || int(outputs[0].size()) != size_) {
-      fail(op, rank_, collx::str("the root needs one output list of ", size_, " tensors"));
+  return validated(OpKind::kGather, [&]() -> WorkPtr {
+    const char* op = "gather";
+    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+      auto hostOut = st->mirror(outputs, false, true);
+      auto hostIn = st->mirror(inputs, true, false);
+      return runStaged(st, [&] { return gather(hostOut, hostIn, opts); });
     }
-    checkSameShape(outputs[0], inputs[0], op, rank_, "output");
-    outs = outputs[0];
-  } else if (!outputs.empty() && !outputs[0].empty()) {
-    fail(op, rank_, "only the root may pass output tensors");
-  }
-  at::Tensor input = contiguousOf(inputs[0]);
-  auto body = [input, outs, root](const Collective& c) {
-    if (c.rank() != root) {
-      exchange(c, {{root, input.data_ptr(), size_t(input.nbytes()), c.frame(0)}}, {});
+    checkSingle(inputs, op, rank_);
+    const DataType dtype = checkTensor(inputs[0], op, rank_);
+    checkRoot(opts.rootRank, size_, op, rank_);
+    const int root = int(opts.rootRank);
+    std::vector<at::Tensor> outs;
+    if (rank_ == root) {
+      if (outputs.size() != 1 || int(outputs[0].size()) != size_) {
+        fail(op, rank_, collx::str("the root needs one output list of ", size_, " tensors"));
+      }
+      checkSameShape(outputs[0], inputs[0], op, rank_, "output");
+      outs = outputs[0];
+    } else if (!outputs.empty() && !outputs[0].empty()) {
+      fail(op, rank_, "only the root may pass output tensors");
+    }
+    at::Tensor input = contiguousOf(inputs[0]);
+    auto body = [input, outs, root](const Collective& c) {
+      if (c.rank() != root) {
+        exchange(c, {{root, input.data_ptr(), size_t(input.nbytes()), c.frame(0)}}, {});
+        return std::string("gather/direct");
+      }
+      std::vector<at::Tensor> bufs;
+      std::vector<Transfer> recvs;
+      for (int r = 0; r < c.size(); ++r) {
+        bufs.push_back(r == root ? input : contiguousOf(outs[r]));
+        if (r != root) recvs.push_back({r, bufs[r].data_ptr(), size_t(bufs[r].nbytes()), c.frame(0)});
+      }
+      exchange(c, {}, recvs);
+      for (int r = 0; r < c.size(); ++r) {
+        if (bufs[r].data_ptr() != outs[r].data_ptr()) outs[r].copy_(bufs[r].view(outs[r].sizes()));
+      }
       return std::string("gather/direct");
-    }
-    std::vector<at::Tensor> bufs;
-    std::vector<Transfer> recvs;
-    for (int r = 0; r < c.size(); ++r) {
-      bufs.push_back(r == root ? input : contiguousOf(outs[r]));
-      if (r != root) recvs.push_back({r, bufs[r].data_ptr(), size_t(bufs[r].nbytes()), c.frame(0)});
-    }
-    exchange(c, {}, recvs);
-    for (int r = 0; r < c.size(); ++r) {
-      if (bufs[r].data_ptr() != outs[r].data_ptr()) outs[r].copy_(bufs[r].view(outs[r].sizes()));
-    }
-    return std::string("gather/direct");
-  };
-  return enqueue(c10d::OpType::GATHER, OpKind::kGather, dtype, outs, opTimeout(opts.timeout, timeout_),
-                 std::move(body));
+    };
+    return enqueue(c10d::OpType::GATHER, OpKind::kGather, dtype, outs, opTimeout(opts.timeout, timeout_),
+                   std::move(body));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
-  const char* op = "scatter";
-  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-    auto hostOut = st->mirror(outputs, false, true);
-    auto hostIn = st->mirror(inputs, true, false);
-    return runStaged(st, [&] { return scatter(hostOut, hostIn, opts); });
-  }
-  checkSingle(outputs, op, rank_);
-  const DataType dtype = checkTensor(outputs[0], op, rank_);
-  checkRoot(opts.rootRank, size_, op, rank_);
-  const int root = int(opts.rootRank);
-  std::vector<at::Tensor> ins;
-  if (rank_ == root) {
-    if (inputs.size() != 1 || int(inputs[0].size()) != size_) {
-      fail(op, rank_, collx::str("the root needs one input list of ", size_, " tensors"));
+  return validated(OpKind::kScatter, [&]() -> WorkPtr {
+    const char* op = "scatter";
+    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+      auto hostOut = st->mirror(outputs, false, true);
+      auto hostIn = st->mirror(inputs, true, false);
+      return runStaged(st, [&] { return scatter(hostOut, hostIn, opts); });
     }
-    checkSameShape(inputs[0], outputs[0], op, rank_, "input");
-    for (const auto& t : inputs[0]) ins.push_back(contiguousOf(t));
-  } else if (!inputs.empty() && !inputs[0].empty()) {
-    fail(op, rank_, "only the root may pass input tensors");
-  }
-  at::Tensor out = outputs[0];
-  at::Tensor buf = contiguousOf(out);
-  auto body = [ins, out, buf, root](const Collective& c) {
-    if (c.rank() != root) {
-      exchange(c, {}, {{root, buf.data_ptr(), size_t(buf.nbytes()), c.frame(0)}});
-    } else {
-      std::vector<Transfer> sends;
-      for (int r = 0; r < c.size(); ++r) {
-        if (r != root) sends.push_back({r, ins[r].data_ptr(), size_t(ins[r].nbytes()), c.frame(0)});
+    checkSingle(outputs, op, rank_);
+    const DataType dtype = checkTensor(outputs[0], op, rank_);
+    checkRoot(opts.rootRank, size_, op, rank_);
+    const int root = int(opts.rootRank);
+    std::vector<at::Tensor> ins;
+    if (rank_ == root) {
+      if (inputs.size() != 1 || int(inputs[0].size()) != size_) {
+        fail(op, rank_, collx::str("the root needs one input list of ", size_, " tensors"));
       }
-      exchange(c, sends, {});
-      buf.copy_(ins[root].view(buf.sizes()));
+      checkSameShape(inputs[0], outputs[0], op, rank_, "input");
+      for (const auto& t : inputs[0]) ins.push_back(contiguousOf(t));
+    } else if (!inputs.empty() && !inputs[0].empty()) {
+      fail(op, rank_, "only the root may pass input tensors");
     }
-    if (buf.data_ptr() != out.data_ptr()) out.copy_(buf);
-    return std::string("scatter/direct");
-  };
-  return enqueue(c10d::OpType::SCATTER, OpKind::kScatter, dtype, outputs, opTimeout(opts.timeout, timeout_),
-                 std::move(body));
+    at::Tensor out = outputs[0];
+    at::Tensor buf = contiguousOf(out);
+    auto body = [ins, out, buf, root](const Collective& c) {
+      if (c.rank() != root) {
+        exchange(c, {}, {{root, buf.data_ptr(), size_t(buf.nbytes()), c.frame(0)}});
+      } else {
+        std::vector<Transfer> sends;
+        for (int r = 0; r < c.size(); ++r) {
+          if (r != root) sends.push_back({r, ins[r].data_ptr(), size_t(ins[r].nbytes()), c.frame(0)});
+        }
+        exchange(c, sends, {});
+        buf.copy_(ins[root].view(buf.sizes()));
+      }
+      if (buf.data_ptr() != out.data_ptr()) out.copy_(buf);
+      return std::string("scatter/direct");
+    };
+    return enqueue(c10d::OpType::SCATTER, OpKind::kScatter, dtype, outputs, opTimeout(opts.timeout, timeout_),
+                   std::move(body));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                            std::vector<int64_t>& outputSplits,
                                                            std::vector<int64_t>& inputSplits,
                                                            const c10d::AllToAllOptions& opts) {
-  const char* op = "all_to_all_single";
-  if (auto st = stagingFor({output, input}, op)) {
-    at::Tensor hostOut = st->mirror(output, false, true);
-    at::Tensor hostIn = st->mirror(input, true, false);
-    return runStaged(st, [&] { return alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
-  }
-  const DataType dtype = checkTensor(input, op, rank_);
-  checkTensor(output, op, rank_);
-  if (output.scalar_type() != input.scalar_type()) {
-    fail(op, rank_, collx::str("output dtype ", output.scalar_type(), " differs from input dtype ", input.scalar_type()));
-  }
-  // Splits count rows (dim 0); empty means equal splits.
-  auto bounds = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
-    int64_t rows = t.dim() ? t.size(0) : 1;
-    std::vector<int64_t> offsets{0};
-    if (splits.empty()) {
-      if (rows % size_ != 0) {
-        fail(op, rank_, collx::str(what, " has ", rows, " rows, not divisible by world size ", size_));
-      }
-      for (int r = 0; r < size_; ++r) offsets.push_back(offsets.back() + rows / size_);
-    } else {
-      if (int(splits.size()) != size_) {
-        fail(op, rank_, collx::str(what, " split sizes have ", splits.size(), " entries for world size ", size_));
-      }
-      for (int64_t s : splits) {
-        if (s < 0) fail(op, rank_, collx::str("negative ", what, " split size ", s));
-        offsets.push_back(offsets.back() + s);
-      }
-      if (offsets.back() != rows) {
-        fail(op, rank_, collx::str(what, " split sizes sum to ", offsets.back(), " but the tensor has ", rows, " rows"));
-      }
+  return validated(OpKind::kAllToAll, [&]() -> WorkPtr {
+    const char* op = "all_to_all_single";
+    if (auto st = stagingFor({output, input}, op)) {
+      at::Tensor hostOut = st->mirror(output, false, true);
+      at::Tensor hostIn = st->mirror(input, true, false);
+      return runStaged(st, [&] { return alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
     }
-    int64_t rowBytes = rows ? int64_t(t.nbytes()) / rows : 0;
-    for (auto& o : offsets) o *= rowBytes;
-    return offsets;
-  };
-  const std::vector<int64_t> in = bounds(input, inputSplits, "input"), out = bounds(output, outputSplits, "output");
-  if (in[rank_ + 1] - in[rank_] != out[rank_ + 1] - out[rank_]) {
-    fail(op, rank_, collx::str("this rank sends itself ", in[rank_ + 1] - in[rank_], " bytes but expects ",
-                               out[rank_ + 1] - out[rank_]));
-  }
-  at::Tensor src = contiguousOf(input), dst = contiguousOf(output);
-  auto body = [src, dst, output, in, out](const Collective& c) {
-    auto* s = static_cast<char*>(src.data_ptr());
-    auto* d = static_cast<char*>(dst.data_ptr());
-    std::vector<Transfer> sends, recvs;
-    for (int r = 0; r < c.size(); ++r) {
-      if (r == c.rank()) continue;
-      sends.push_back({r, s + in[r], size_t(in[r + 1] - in[r]), c.frame(0)});
-      recvs.push_back({r, d + out[r], size_t(out[r + 1] - out[r]), c.frame(0)});
+    const DataType dtype = checkTensor(input, op, rank_);
+    checkTensor(output, op, rank_);
+    if (output.scalar_type() != input.scalar_type()) {
+      fail(op, rank_, collx::str("output dtype ", output.scalar_type(), " differs from input dtype ", input.scalar_type()));
     }
-    int me = c.rank();
-    std::memcpy(d + out[me], s + in[me], size_t(in[me + 1] - in[me]));
-    exchange(c, sends, recvs);
-    if (dst.data_ptr() != output.data_ptr()) output.copy_(dst);
-    return std::string("all_to_all/direct");
-  };
-  return enqueue(c10d::OpType::ALLTOALL_BASE, OpKind::kAllToAll, dtype, {output}, opTimeout(opts.timeout, timeout_),
-                 std::move(body));
+    // Splits count rows (dim 0); empty means equal splits.
+    auto bounds = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
+      int64_t rows = t.dim() ? t.size(0) : 1;
+      std::vector<int64_t> offsets{0};
+      if (splits.empty()) {
+        if (rows % size_ != 0) {
+          fail(op, rank_, collx::str(what, " has ", rows, " rows, not divisible by world size ", size_));
+        }
+        for (int r = 0; r < size_; ++r) offsets.push_back(offsets.back() + rows / size_);
+      } else {
+        if (int(splits.size()) != size_) {
+          fail(op, rank_, collx::str(what, " split sizes have ", splits.size(), " entries for world size ", size_));
+        }
+        for (int64_t s : splits) {
+          if (s < 0) fail(op, rank_, collx::str("negative ", what, " split size ", s));
+          offsets.push_back(offsets.back() + s);
+        }
+        if (offsets.back() != rows) {
+          fail(op, rank_, collx::str(what, " split sizes sum to ", offsets.back(), " but the tensor has ", rows, " rows"));
+        }
+      }
+      int64_t rowBytes = rows ? int64_t(t.nbytes()) / rows : 0;
+      for (auto& o : offsets) o *= rowBytes;
+      return offsets;
+    };
+    const std::vector<int64_t> in = bounds(input, inputSplits, "input"), out = bounds(output, outputSplits, "output");
+    if (in[rank_ + 1] - in[rank_] != out[rank_ + 1] - out[rank_]) {
+      fail(op, rank_, collx::str("this rank sends itself ", in[rank_ + 1] - in[rank_], " bytes but expects ",
+                                 out[rank_ + 1] - out[rank_]));
+    }
+    at::Tensor src = contiguousOf(input), dst = contiguousOf(output);
+    auto body = [src, dst, output, in, out](const Collective& c) {
+      auto* s = static_cast<char*>(src.data_ptr());
+      auto* d = static_cast<char*>(dst.data_ptr());
+      std::vector<Transfer> sends, recvs;
+      for (int r = 0; r < c.size(); ++r) {
+        if (r == c.rank()) continue;
+        sends.push_back({r, s + in[r], size_t(in[r + 1] - in[r]), c.frame(0)});
+        recvs.push_back({r, d + out[r], size_t(out[r + 1] - out[r]), c.frame(0)});
+      }
+      int me = c.rank();
+      std::memcpy(d + out[me], s + in[me], size_t(in[me + 1] - in[me]));
+      exchange(c, sends, recvs);
+      if (dst.data_ptr() != output.data_ptr()) output.copy_(dst);
+      return std::string("all_to_all/direct");
+    };
+    return enqueue(c10d::OpType::ALLTOALL_BASE, OpKind::kAllToAll, dtype, {output}, opTimeout(opts.timeout, timeout_),
+                   std::move(body));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
-  const char* op = "all_to_all";
-  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-    auto hostOut = st->mirror(outputs, false, true);
-    auto hostIn = st->mirror(inputs, true, false);
-    return runStaged(st, [&] { return alltoall(hostOut, hostIn, opts); });
-  }
-  if (int(inputs.size()) != size_ || int(outputs.size()) != size_) {
-    fail(op, rank_, collx::str("needs ", size_, " input and output tensors, got ", inputs.size(), " and ",
-                               outputs.size()));
-  }
-  const DataType dtype = checkTensor(inputs[0], op, rank_);
-  std::vector<at::Tensor> ins, bufs;
-  for (int r = 0; r < size_; ++r) {
-    checkTensor(inputs[r], op, rank_);
-    checkTensor(outputs[r], op, rank_);
-    if (inputs[r].scalar_type() != inputs[0].scalar_type() || outputs[r].scalar_type() != inputs[0].scalar_type()) {
-      fail(op, rank_, "all tensors must have one dtype");
+  return validated(OpKind::kAllToAll, [&]() -> WorkPtr {
+    const char* op = "all_to_all";
+    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+      auto hostOut = st->mirror(outputs, false, true);
+      auto hostIn = st->mirror(inputs, true, false);
+      return runStaged(st, [&] { return alltoall(hostOut, hostIn, opts); });
     }
-    ins.push_back(contiguousOf(inputs[r]));
-    bufs.push_back(contiguousOf(outputs[r]));
-  }
-  if (ins[rank_].numel() != bufs[rank_].numel()) {
-    fail(op, rank_, collx::str("this rank sends itself ", ins[rank_].numel(), " elements but its output for itself has ",
-                               bufs[rank_].numel()));
-  }
-  auto body = [ins, bufs, outputs](const Collective& c) {
-    std::vector<Transfer> sends, recvs;
-    for (int r = 0; r < c.size(); ++r) {
-      if (r == c.rank()) continue;
-      sends.push_back({r, ins[r].data_ptr(), size_t(ins[r].nbytes()), c.frame(0)});
-      recvs.push_back({r, bufs[r].data_ptr(), size_t(bufs[r].nbytes()), c.frame(0)});
+    if (int(inputs.size()) != size_ || int(outputs.size()) != size_) {
+      fail(op, rank_, collx::str("needs ", size_, " input and output tensors, got ", inputs.size(), " and ",
+                                 outputs.size()));
     }
-    bufs[c.rank()].view(-1).copy_(ins[c.rank()].view(-1));
-    exchange(c, sends, recvs);
-    for (int r = 0; r < c.size(); ++r) {
-      if (bufs[r].data_ptr() != outputs[r].data_ptr()) outputs[r].copy_(bufs[r]);
+    const DataType dtype = checkTensor(inputs[0], op, rank_);
+    std::vector<at::Tensor> ins, bufs;
+    for (int r = 0; r < size_; ++r) {
+      checkTensor(inputs[r], op, rank_);
+      checkTensor(outputs[r], op, rank_);
+      if (inputs[r].scalar_type() != inputs[0].scalar_type() || outputs[r].scalar_type() != inputs[0].scalar_type()) {
+        fail(op, rank_, "all tensors must have one dtype");
+      }
+      ins.push_back(contiguousOf(inputs[r]));
+      bufs.push_back(contiguousOf(outputs[r]));
     }
-    return std::string("all_to_all/direct");
-  };
-  return enqueue(c10d::OpType::ALLTOALL, OpKind::kAllToAll, dtype, outputs, opTimeout(opts.timeout, timeout_),
-                 std::move(body));
+    if (ins[rank_].numel() != bufs[rank_].numel()) {
+      fail(op, rank_, collx::str("this rank sends itself ", ins[rank_].numel(), " elements but its output for itself has ",
+                                 bufs[rank_].numel()));
+    }
+    auto body = [ins, bufs, outputs](const Collective& c) {
+      std::vector<Transfer> sends, recvs;
+      for (int r = 0; r < c.size(); ++r) {
+        if (r == c.rank()) continue;
+        sends.push_back({r, ins[r].data_ptr(), size_t(ins[r].nbytes()), c.frame(0)});
+        recvs.push_back({r, bufs[r].data_ptr(), size_t(bufs[r].nbytes()), c.frame(0)});
+      }
+      bufs[c.rank()].view(-1).copy_(ins[c.rank()].view(-1));
+      exchange(c, sends, recvs);
+      for (int r = 0; r < c.size(); ++r) {
+        if (bufs[r].data_ptr() != outputs[r].data_ptr()) outputs[r].copy_(bufs[r]);
+      }
+      return std::string("all_to_all/direct");
+    };
+    return enqueue(c10d::OpType::ALLTOALL, OpKind::kAllToAll, dtype, outputs, opTimeout(opts.timeout, timeout_),
+                   std::move(body));
+  });
 }
 
 }  // namespace collx::torch_glue

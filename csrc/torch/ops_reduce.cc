@@ -48,72 +48,80 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
-  if (auto st = stagingFor(tensors, "all_reduce")) {
-    auto host = st->mirror(tensors, true, true);
-    return runStaged(st, [&] { return allreduce(host, opts); });
-  }
-  checkSingle(tensors, "all_reduce", rank_);
-  checkTensor(tensors[0], "all_reduce", rank_);
-  return allreduceFlat(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp, config_.algorithm,
-                       opTimeout(opts.timeout, timeout_));
+  return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
+    if (auto st = stagingFor(tensors, "all_reduce")) {
+      auto host = st->mirror(tensors, true, true);
+      return runStaged(st, [&] { return allreduce(host, opts); });
+    }
+    checkSingle(tensors, "all_reduce", rank_);
+    checkTensor(tensors[0], "all_reduce", rank_);
+    return allreduceFlat(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp, config_.algorithm,
+                         opTimeout(opts.timeout, timeout_));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
                                                            Algorithm algorithm) {
-  if (auto st = stagingFor({tensor}, "all_reduce")) {
-    at::Tensor host = st->mirror(tensor, true, true);
-    return runStaged(st, [&] { return allreduceWith(host, op, algorithm); });
-  }
-  checkTensor(tensor, "all_reduce", rank_);
-  return allreduceFlat(c10d::OpType::ALLREDUCE, {tensor}, op, algorithm, timeout_);
+  return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
+    if (auto st = stagingFor({tensor}, "all_reduce")) {
+      at::Tensor host = st->mirror(tensor, true, true);
+      return runStaged(st, [&] { return allreduceWith(host, op, algorithm); });
+    }
+    checkTensor(tensor, "all_reduce", rank_);
+    return allreduceFlat(c10d::OpType::ALLREDUCE, {tensor}, op, algorithm, timeout_);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
-  if (auto st = stagingFor(tensors, "all_reduce_coalesced")) {
-    auto host = st->mirror(tensors, true, true);
-    return runStaged(st, [&] { return allreduce_coalesced(host, opts); });
-  }
-  if (tensors.empty()) fail("all_reduce_coalesced", rank_, "got no tensors");
-  for (const auto& t : tensors) {
-    checkTensor(t, "all_reduce_coalesced", rank_);
-    if (t.scalar_type() != tensors[0].scalar_type()) {
-      fail("all_reduce_coalesced", rank_,
-           collx::str("all tensors must have one dtype, got ", tensors[0].scalar_type(), " and ", t.scalar_type()));
+  return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
+    if (auto st = stagingFor(tensors, "all_reduce_coalesced")) {
+      auto host = st->mirror(tensors, true, true);
+      return runStaged(st, [&] { return allreduce_coalesced(host, opts); });
     }
-  }
-  return allreduceFlat(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.reduceOp, config_.algorithm,
-                       opTimeout(opts.timeout, timeout_));
+    if (tensors.empty()) fail("all_reduce_coalesced", rank_, "got no tensors");
+    for (const auto& t : tensors) {
+      checkTensor(t, "all_reduce_coalesced", rank_);
+      if (t.scalar_type() != tensors[0].scalar_type()) {
+        fail("all_reduce_coalesced", rank_,
+             collx::str("all tensors must have one dtype, got ", tensors[0].scalar_type(), " and ", t.scalar_type()));
+      }
+    }
+    return allreduceFlat(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.reduceOp, config_.algorithm,
+                         opTimeout(opts.timeout, timeout_));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
-  if (auto st = stagingFor(tensors, "reduce")) {
-    auto host = st->mirror(tensors, true, rank_ == opts.rootRank);  // only the root's tensor changes
-    return runStaged(st, [&] { return reduce(host, opts); });
-  }
-  const char* op = "reduce";
-  checkSingle(tensors, op, rank_);
-  const DataType dtype = checkTensor(tensors[0], op, rank_);
-  const int root = int(opts.rootRank);
-  if (root < 0 || root >= size_) {
-    fail(op, rank_, collx::str("root rank ", opts.rootRank, " is out of range for a group of size ", size_));
-  }
-  const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-  std::vector<at::Tensor> outputs = tensors;
-  const bool isRoot = rank_ == root;
-  auto body = [outputs, r, dtype, root, isRoot](const Collective& c) {
-    // Other ranks' tensors stay unchanged (as in NCCL): they reduce a copy.
-    at::Tensor flat = isRoot ? contiguousOf(outputs[0]).view(-1) : outputs[0].reshape(-1).clone();
-    size_t n = size_t(flat.numel());
-    withScaling(r, dtype, flat.data_ptr(), n, isRoot ? c.size() : 1,
-                [&] { collx::reduce(c, flat.data_ptr(), n, root, r.fn); });
-    if (isRoot) scatterBack(flat, outputs);
-    return reduceByRing(c.size(), size_t(flat.nbytes())) ? std::string("reduce/ring")
-                                                          : treeLabel("reduce", c, size_t(flat.nbytes()));
-  };
-  return enqueue(c10d::OpType::REDUCE, OpKind::kReduce, dtype, outputs, opTimeout(opts.timeout, timeout_),
-                 std::move(body));
+  return validated(OpKind::kReduce, [&]() -> WorkPtr {
+    if (auto st = stagingFor(tensors, "reduce")) {
+      auto host = st->mirror(tensors, true, rank_ == opts.rootRank);  // only the root's tensor changes
+      return runStaged(st, [&] { return reduce(host, opts); });
+    }
+    const char* op = "reduce";
+    checkSingle(tensors, op, rank_);
+    const DataType dtype = checkTensor(tensors[0], op, rank_);
+    const int root = int(opts.rootRank);
+    if (root < 0 || root >= size_) {
+      fail(op, rank_, collx::str("root rank ", opts.rootRank, " is out of range for a group of size ", size_));
+    }
+    const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
+    std::vector<at::Tensor> outputs = tensors;
+    const bool isRoot = rank_ == root;
+    auto body = [outputs, r, dtype, root, isRoot](const Collective& c) {
+      // Other ranks' tensors stay unchanged (as in NCCL): they reduce a copy.
+      at::Tensor flat = isRoot ? contiguousOf(outputs[0]).view(-1) : outputs[0].reshape(-1).clone();
+      size_t n = size_t(flat.numel());
+      withScaling(r, dtype, flat.data_ptr(), n, isRoot ? c.size() : 1,
+                  [&] { collx::reduce(c, flat.data_ptr(), n, root, r.fn); });
+      if (isRoot) scatterBack(flat, outputs);
+      return reduceByRing(c.size(), size_t(flat.nbytes())) ? std::string("reduce/ring")
+                                                            : treeLabel("reduce", c, size_t(flat.nbytes()));
+    };
+    return enqueue(c10d::OpType::REDUCE, OpKind::kReduce, dtype, outputs, opTimeout(opts.timeout, timeout_),
+                   std::move(body));
+  });
 }
 
 // Reduce-scatter of `work` (n blocks of `out`'s size, a private copy) into `out`.
@@ -129,65 +137,71 @@ static std::string reduceScatterInto(const Collective& c, const ResolvedOp& r, D
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
-  const char* op = "reduce_scatter";
-  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-    auto hostOut = st->mirror(outputs, false, true);
-    auto hostIn = st->mirror(inputs, true, false);
-    return runStaged(st, [&] { return reduce_scatter(hostOut, hostIn, opts); });
-  }
-  checkSingle(outputs, op, rank_);
-  const DataType dtype = checkTensor(outputs[0], op, rank_);
-  if (inputs.size() != 1 || int(inputs[0].size()) != size_) {
-    fail(op, rank_, collx::str("expects one input list of ", size_, " tensors"));
-  }
-  checkSameShape(inputs[0], outputs[0], op, rank_, "input");
-  const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-  auto body = [in = inputs[0], out = outputs[0], r, dtype](const Collective& c) {
-    at::Tensor work = flatCopy(in);
-    return reduceScatterInto(c, r, dtype, work, out);
-  };
-  return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
-                 opTimeout(opts.timeout, timeout_), std::move(body));
+  return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
+    const char* op = "reduce_scatter";
+    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+      auto hostOut = st->mirror(outputs, false, true);
+      auto hostIn = st->mirror(inputs, true, false);
+      return runStaged(st, [&] { return reduce_scatter(hostOut, hostIn, opts); });
+    }
+    checkSingle(outputs, op, rank_);
+    const DataType dtype = checkTensor(outputs[0], op, rank_);
+    if (inputs.size() != 1 || int(inputs[0].size()) != size_) {
+      fail(op, rank_, collx::str("expects one input list of ", size_, " tensors"));
+    }
+    checkSameShape(inputs[0], outputs[0], op, rank_, "input");
+    const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
+    auto body = [in = inputs[0], out = outputs[0], r, dtype](const Collective& c) {
+      at::Tensor work = flatCopy(in);
+      return reduceScatterInto(c, r, dtype, work, out);
+    };
+    return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
+                   opTimeout(opts.timeout, timeout_), std::move(body));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
-  std::vector<at::Tensor> outs{output}, ins{input};
-  return reduce_scatter_tensor_coalesced(outs, ins, opts);
+  return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
+    std::vector<at::Tensor> outs{output}, ins{input};
+    return reduce_scatter_tensor_coalesced(outs, ins, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const c10d::ReduceScatterOptions& opts) {
-  const char* op = "reduce_scatter_tensor";
-  if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-    auto hostOut = st->mirror(outputs, false, true);
-    auto hostIn = st->mirror(inputs, true, false);
-    return runStaged(st, [&] { return reduce_scatter_tensor_coalesced(hostOut, hostIn, opts); });
-  }
-  if (outputs.empty() || outputs.size() != inputs.size()) {
-    fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
-  }
-  const DataType dtype = checkTensor(outputs[0], op, rank_);
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    checkTensor(inputs[i], op, rank_);
-    if (outputs[i].scalar_type() != outputs[0].scalar_type() || inputs[i].scalar_type() != outputs[i].scalar_type() ||
-        inputs[i].numel() != outputs[i].numel() * size_) {
-      fail(op, rank_, collx::str("input must hold world_size x output = ", outputs[i].numel() * size_, " x ",
-                                 outputs[i].scalar_type(), ", got ", inputs[i].numel(), " x ", inputs[i].scalar_type()));
+  return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
+    const char* op = "reduce_scatter_tensor";
+    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
+      auto hostOut = st->mirror(outputs, false, true);
+      auto hostIn = st->mirror(inputs, true, false);
+      return runStaged(st, [&] { return reduce_scatter_tensor_coalesced(hostOut, hostIn, opts); });
     }
-  }
-  const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-  auto body = [ins = inputs, outs = outputs, r, dtype](const Collective& c) {
-    std::string label;
-    for (size_t i = 0; i < ins.size(); ++i) {
-      at::Tensor work = ins[i].reshape(-1).clone();  // a private copy, taken when the op runs
-      label = reduceScatterInto(c, r, dtype, work, outs[i]);
+    if (outputs.empty() || outputs.size() != inputs.size()) {
+      fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
     }
-    return label;
-  };
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpKind::kReduceScatter, dtype, outputs,
-                 opTimeout(opts.timeout, timeout_), std::move(body));
+    const DataType dtype = checkTensor(outputs[0], op, rank_);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      checkTensor(inputs[i], op, rank_);
+      if (outputs[i].scalar_type() != outputs[0].scalar_type() || inputs[i].scalar_type() != outputs[i].scalar_type() ||
+          inputs[i].numel() != outputs[i].numel() * size_) {
+        fail(op, rank_, collx::str("input must hold world_size x output = ", outputs[i].numel() * size_, " x ",
+                                   outputs[i].scalar_type(), ", got ", inputs[i].numel(), " x ", inputs[i].scalar_type()));
+      }
+    }
+    const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
+    auto body = [ins = inputs, outs = outputs, r, dtype](const Collective& c) {
+      std::string label;
+      for (size_t i = 0; i < ins.size(); ++i) {
+        at::Tensor work = ins[i].reshape(-1).clone();  // a private copy, taken when the op runs
+        label = reduceScatterInto(c, r, dtype, work, outs[i]);
+      }
+      return label;
+    };
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpKind::kReduceScatter, dtype, outputs,
+                   opTimeout(opts.timeout, timeout_), std::move(body));
+  });
 }
 
 }  // namespace collx::torch_glue

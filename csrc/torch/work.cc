@@ -21,7 +21,9 @@ int CollxWork::sourceRank() const {
 }
 
 bool CollxWork::wait(std::chrono::milliseconds timeout) {
-  if (executor_) executor_->runUntil(taskId_);
+  // Only an unbounded wait may run the op inline: one bounded by `timeout`
+  // must return at that time (as gloo's does) while the op goes on.
+  if (executor_ && timeout == ::kNoTimeout) executor_->runUntil(taskId_);
   return c10d::Work::wait(timeout);
 }
 

@@ -28,7 +28,8 @@ class CollxWork : public c10d::Work {
   int sourceRank() const override;
   void setSourceSlot(std::shared_ptr<std::atomic<int>> slot) { source_ = std::move(slot); }
 
-  // A caller about to block runs the op itself when the group is idle.
+  // A caller about to block without a timeout runs the op itself when the
+  // group is idle.
   bool wait(std::chrono::milliseconds timeout) override;
 
   // Which executor task this is, for wait() to run it inline.

@@ -22,14 +22,17 @@ namespace {
 // peer it waits for can run on this core without a sleep/wakeup round trip.
 constexpr auto kSpin = std::chrono::microseconds(250);
 constexpr auto kYieldSpin = std::chrono::microseconds(200);
+// How long a failing rank may spend finishing half-sent messages so that its
+// abort frames reach the peers (all pairs together).
+constexpr auto kAbortGrace = std::chrono::milliseconds(200);
 }  // namespace
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     : rank_(rank), size_(size), pairs_(size) {
-  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.timeout);
+  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.family, options.timeout);
   hosts_ = mesh.hosts;
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]));
+    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]), &cancelled_);
   }
   // Pure busy-polling only pays while every local rank has a core of its
   // own; with more ranks than cores a waiter yields between polls instead.
@@ -85,6 +88,17 @@ void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, ui
   ++pending_;
 }
 
+void Device::cancel(uint64_t seq, OpKind kind, const std::string& why, Deadline deadline) {
+  throwIfBroken();
+  cancelled_.insert(seq);
+  const std::string reason = why.substr(0, kMaxReasonBytes);  // outlives the sends: waitAll below
+  const Frame frame{OpKind::kCancel, DataType::kUInt8, seq, uint32_t(kind)};
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) postSend(peer, frame, reason.data(), reason.size(), 0);
+  }
+  waitAll(*this, deadline);
+}
+
 void Device::progressOnce(std::vector<uint64_t>& done) {
   size_t before = done.size();
   for (auto& p : pairs_) {
@@ -101,9 +115,11 @@ void Device::breakWith(const std::exception& e, bool isTimeout) {
   errorIsTimeout_ = isTimeout && !interrupted_;
   // Tell every peer why, so that ranks waiting on this one fail now with the
   // cause instead of at their timeout; then close, since the byte streams
-  // are at unknown positions and nothing more can be matched.
+  // are at unknown positions and nothing more can be matched. Finishing a
+  // half-sent message for that may take a peer that reads up to kAbortGrace.
+  const Deadline grace = Clock::now() + kAbortGrace;
   for (auto& p : pairs_) {
-    if (p) p->sendAbort(error_);
+    if (p) p->sendAbort(error_, grace);
   }
   closeSockets();
   pending_ = 0;
@@ -123,6 +139,7 @@ void Device::timeout() {
 void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   throwIfBroken();
   std::vector<pollfd> fds;
+  std::vector<Pair*> sendOnly;  // parallel to fds: pairs watched for control frames
   size_t start = done.size();
   const Deadline spinUntil = Clock::now() + spin_;
   try {
@@ -134,16 +151,27 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
         continue;
       }
       fds.clear();
+      sendOnly.clear();
       for (auto& p : pairs_) {
         if (!p) continue;
         short ev = short((p->wantsRead() ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
-        if (ev) fds.push_back({p->fd(), ev, 0});
+        // A peer we only send to may be one that will never read (it failed
+        // or cancelled this op): listen for its abort/cancel frame too.
+        bool watch = p->wantsWrite() && !p->wantsRead() && !p->hasBufferedHeader();
+        if (watch) ev |= POLLIN;
+        if (ev) {
+          fds.push_back({p->fd(), ev, 0});
+          sendOnly.push_back(watch ? p.get() : nullptr);
+        }
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) timeout();
       int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
       if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
       if (rc == 0 && Clock::now() >= deadline) timeout();
+      for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
+        if (sendOnly[i] && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) sendOnly[i]->checkControl();
+      }
     }
   } catch (const TimeoutError&) {
     throw;

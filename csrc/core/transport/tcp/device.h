@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@ namespace collx::tcp {
 
 struct DeviceOptions {
   std::string ifname;  // COLLX_SOCKET_IFNAME syntax; empty: hostname address
+  int family = AF_UNSPEC;  // COLLX_SOCKET_FAMILY: AF_INET, AF_INET6 or either
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };
 
@@ -37,6 +39,12 @@ class Device : public Transport {
   TransportCounters counters() const override;
   void close() override;
 
+  // Takes collective #seq out of the group's sequence on this rank (its input
+  // was rejected): tells every peer why with a cancel frame, so a peer running
+  // #seq fails now instead of at its timeout, while peers that cancelled #seq
+  // too skip this rank's frame and the group stays usable.
+  void cancel(uint64_t seq, OpKind kind, const std::string& why, Deadline deadline);
+
   // Thread-safe: makes a waitSome blocked in another thread fail promptly
   // with "shut down" (used by Backend::shutdown with an op in flight).
   void interrupt();
@@ -56,6 +64,7 @@ class Device : public Transport {
   size_t pending_ = 0;
   std::chrono::microseconds spin_{0};  // busy-poll budget per waitSome
   bool yield_ = false;                 // yield the core between busy polls
+  std::set<uint64_t> cancelled_;  // collectives cancelled here (see Pair)
   std::string error_;  // sticky once set
   bool errorIsTimeout_ = false;
   std::mutex socketsMutex_;  // close() vs interrupt() from another thread

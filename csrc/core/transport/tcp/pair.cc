@@ -1,5 +1,6 @@
 #include "pair.h"
 
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -16,7 +17,6 @@ constexpr size_t kRxBufferBytes = 64 << 10;
 // recv() picks up several small frames; larger ones are read in place.
 constexpr size_t kDirectReadBytes = 16 << 10;
 constexpr int kMaxIov = 64;
-constexpr size_t kMaxAbortBytes = 2048;  // fits the receive buffer with its header
 
 std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, uint64_t bytes) {
   size_t es = elementSize(dtype);
@@ -25,8 +25,8 @@ std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, ui
 }
 }  // namespace
 
-Pair::Pair(int rank, int peer, Socket socket)
-    : rank_(rank), peer_(peer), socket_(std::move(socket)), rx_(kRxBufferBytes) {
+Pair::Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled)
+    : rank_(rank), peer_(peer), socket_(std::move(socket)), cancelled_(cancelled), rx_(kRxBufferBytes) {
   socket_.setNoDelay();
   socket_.setNonBlocking(true);
 }
@@ -74,7 +74,9 @@ void Pair::progressSend(std::vector<uint64_t>& done) {
     if (rc < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      fail("failed while sending", errno);
+      int err = errno;
+      if (err == EPIPE || err == ECONNRESET) throwSalvagedAbort();
+      fail("failed while sending", err);
     }
     // Retire fully written messages.
     size_t left = size_t(rc);
@@ -117,9 +119,39 @@ bool Pair::fill(size_t want) {
   return true;
 }
 
-void Pair::sendAbort(const std::string& reason) {
-  if (!socket_.valid() || (!sends_.empty() && sends_.front().done > 0)) return;
-  std::string why = reason.substr(0, kMaxAbortBytes);
+bool Pair::finishPartialSend(Deadline deadline) {
+  SendOp& op = sends_.front();
+  const size_t total = sizeof(FrameHeader) + op.bytes;
+  while (op.done < total) {
+    iovec iov[2];
+    int n = 0;
+    if (op.done < sizeof(FrameHeader)) {
+      iov[n++] = {reinterpret_cast<char*>(&op.header) + op.done, sizeof(FrameHeader) - op.done};
+    }
+    size_t payloadDone = op.done > sizeof(FrameHeader) ? op.done - sizeof(FrameHeader) : 0;
+    if (payloadDone < op.bytes) iov[n++] = {const_cast<char*>(op.data) + payloadDone, op.bytes - payloadDone};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t rc = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (rc > 0) {
+      op.done += size_t(rc);
+    } else if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      pollfd p{socket_.fd(), POLLOUT, 0};
+      if (ms <= 0 || ::poll(&p, 1, int(ms)) <= 0) return false;
+    } else if (!(rc < 0 && errno == EINTR)) {
+      return false;
+    }
+  }
+  sends_.pop_front();
+  return true;
+}
+
+void Pair::sendAbort(const std::string& reason, Deadline deadline) {
+  if (!socket_.valid()) return;
+  if (!sends_.empty() && sends_.front().done > 0 && !finishPartialSend(deadline)) return;
+  std::string why = reason.substr(0, kMaxReasonBytes);
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.kind = uint8_t(OpKind::kAbort);
@@ -130,15 +162,50 @@ void Pair::sendAbort(const std::string& reason) {
   (void)rc;  // the connection closes next either way
 }
 
+bool Pair::skipCancel(const FrameHeader& h) {
+  size_t n = std::min<size_t>(h.bytes, kMaxReasonBytes);
+  if (!fill(sizeof(FrameHeader) + n)) return false;
+  std::string why(rx_.data() + rxBegin_ + sizeof(FrameHeader), n);
+  if (!cancelled_ || !cancelled_->count(h.seq)) {
+    throw Error(str("collx rank ", rank_, ": peer ", peer_, " did not run ", name(OpKind(h.tag)), " #", h.seq,
+                    ", which failed there: ", why));
+  }
+  rxBegin_ += sizeof(FrameHeader) + n;  // every rank failed that op: nothing to match
+  return true;
+}
+
 void Pair::throwAbort(const FrameHeader& h) {
   std::string why = "(no reason received)";
-  size_t n = std::min<size_t>(h.bytes, kMaxAbortBytes);
+  size_t n = std::min<size_t>(h.bytes, kMaxReasonBytes);
   rxBegin_ += sizeof(FrameHeader);
   try {
     if (fill(n)) why.assign(rx_.data() + rxBegin_, n);
   } catch (const Error&) {
   }
   throw Error(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ", why));
+}
+
+void Pair::throwSalvagedAbort() {
+  // The peer closed with our data unread, which resets the connection, but the
+  // bytes it sent before (its abort frame last) stay readable. Read them all
+  // and look from the end for a header whose byte count reaches exactly there.
+  std::vector<char> tail(rx_.begin() + rxBegin_, rx_.begin() + rxEnd_);
+  char chunk[64 << 10];
+  for (;;) {
+    ssize_t rc = ::recv(socket_.fd(), chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (rc > 0) tail.insert(tail.end(), chunk, chunk + rc);
+    if (rc > 0 || (rc < 0 && errno == EINTR)) continue;
+    break;
+  }
+  const size_t hs = sizeof(FrameHeader);
+  for (size_t end = tail.size(), pos = end >= hs ? end - hs + 1 : 0; pos-- > 0 && end - pos <= hs + kMaxReasonBytes;) {
+    FrameHeader h;
+    memcpy(&h, tail.data() + pos, hs);
+    if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && pos + hs + h.bytes == end) {
+      throw Error(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ",
+                      std::string(tail.data() + pos + hs, h.bytes)));
+    }
+  }
 }
 
 void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {
@@ -148,6 +215,11 @@ void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {
                     " (bad magic) while expecting ",
                     describe(op.expect.kind, op.expect.dtype, op.expect.seq, op.expect.tag,
                              op.bytes)));
+  }
+  if (h.kind != uint8_t(OpKind::kP2P) && h.seq != op.expect.seq && cancelled_ && cancelled_->count(h.seq)) {
+    throw Error(str("collx rank ", rank_, ": peer ", peer_, " ran ",
+                    describe(OpKind(h.kind), DataType(h.dtype), h.seq, h.tag, h.bytes),
+                    ", which this rank rejected (its input was invalid here), so the group is out of step"));
   }
   if (h.kind != uint8_t(op.expect.kind) || h.dtype != uint8_t(op.expect.dtype) ||
       h.seq != op.expect.seq || h.tag != op.expect.tag || h.bytes != op.bytes) {
@@ -169,6 +241,10 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
       if (!fill(sizeof(FrameHeader))) return;
       FrameHeader h;
       memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+      if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kCancel)) {
+        if (!skipCancel(h)) return;
+        continue;
+      }
       checkHeader(h, op);
       rxBegin_ += sizeof(h);
       op.headerDone = true;
@@ -205,11 +281,27 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
   }
 }
 
+void Pair::checkControl() {
+  FrameHeader h;
+  do {
+    if (!fill(sizeof(FrameHeader))) return;
+    memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+    if (h.magic != kFrameMagic) return;
+    if (h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
+  } while (h.kind == uint8_t(OpKind::kCancel) && skipCancel(h));
+}
+
 bool Pair::peekHeader(FrameHeader& header) {
-  if (!fill(sizeof(FrameHeader))) return false;
-  memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
-  if (header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kAbort)) throwAbort(header);
-  return true;
+  for (;;) {
+    if (!fill(sizeof(FrameHeader))) return false;
+    memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
+    if (header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kAbort)) throwAbort(header);
+    // A cancel of a collective this rank has not reached is not ours: leave it.
+    bool skippable = header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kCancel) && cancelled_ &&
+                     cancelled_->count(header.seq);
+    if (!skippable) return true;
+    if (!skipCancel(header)) return false;
+  }
 }
 
 std::string Pair::describePending() const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,9 @@ namespace collx::tcp {
 
 class Pair {
  public:
-  Pair(int rank, int peer, Socket socket);
+  // `cancelled`: the collectives this rank cancelled (owned by the Device);
+  // a peer's cancel frame for one of them is skipped, any other fails the op.
+  Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled);
 
   int fd() const { return socket_.fd(); }
   int peer() const { return peer_; }
@@ -33,6 +36,14 @@ class Pair {
   // may be posted). Throws like progressRecv.
   bool peekHeader(FrameHeader& header);
 
+  // For a pair this rank only sends to: reads what the peer sent meanwhile and
+  // throws if it is an abort, a cancel of an op not cancelled here, or the
+  // end of the connection, so that a sender blocked on a peer that will not
+  // read fails now with the peer's reason. Anything else is left for the
+  // receive that will check it.
+  void checkControl();
+  bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
+
   // A short description of what this pair still waits for, for timeouts.
   std::string describePending() const;
 
@@ -41,9 +52,10 @@ class Pair {
 
   void close() { socket_.reset(); }
 
-  // Best effort, never blocks: tells the peer why this rank gives up, unless
-  // a message is half sent (the peer then just sees the connection close).
-  void sendAbort(const std::string& reason);
+  // Best effort: tells the peer why this rank gives up. A message half sent
+  // is finished first if the peer takes it by `deadline`, so the abort frame
+  // starts at a frame boundary; else the peer just sees the connection close.
+  void sendAbort(const std::string& reason, Deadline deadline);
 
  private:
   struct SendOp {
@@ -66,13 +78,22 @@ class Pair {
   // socket has no more right now.
   bool fill(size_t want);
   void checkHeader(const FrameHeader& h, const RecvOp& op);
+  // At a cancel frame: false if it is not complete yet; true once a frame for
+  // a collective this rank cancelled too is consumed; throws for any other.
+  bool skipCancel(const FrameHeader& h);
   // Throws the reason carried by a peer's abort frame.
   [[noreturn]] void throwAbort(const FrameHeader& h);
+  // After a send failed because the peer closed: its abort frame may still sit
+  // unread behind data of the current op; throws its reason if found.
+  void throwSalvagedAbort();
   [[noreturn]] void fail(const std::string& what, int err) const;
+  // Sends the rest of the half-sent front message; false if not by `deadline`.
+  bool finishPartialSend(Deadline deadline);
 
   int rank_;
   int peer_;
   Socket socket_;
+  const std::set<uint64_t>* cancelled_;
   std::deque<SendOp> sends_;
   std::deque<RecvOp> recvs_;
 

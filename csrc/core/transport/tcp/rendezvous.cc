@@ -1,6 +1,11 @@
 #include "rendezvous.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -21,10 +26,80 @@ uint64_t randomToken() {
 
 // How long one accepted connection may take to say hello before we drop it.
 constexpr auto kHelloTimeout = std::chrono::seconds(10);
+// Connections still saying hello at once; beyond that the oldest is dropped.
+constexpr size_t kMaxPending = 64;
+
+// An accepted connection whose hello has not fully arrived.
+struct Pending {
+  Socket socket;
+  Hello hello{};
+  size_t got = 0;
+  Deadline until;
+};
+
+// Accepts until `missing` higher ranks have said hello, reading every
+// accepted connection at once: a stranger that stays silent or sends half a
+// hello holds up nobody; it is dropped after kHelloTimeout, as is anything
+// that is not our hello (wrong magic, token, generation, rank; garbage).
+void acceptPeers(const Socket& listener, std::vector<Socket>& sockets, int rank, int size, uint64_t generation,
+                 uint64_t token, int missing, Deadline deadline, std::chrono::milliseconds timeout) {
+  std::vector<Pending> pending;
+  std::vector<pollfd> fds;
+  while (missing > 0) {
+    const Deadline now = Clock::now();
+    if (now >= deadline) {
+      throw TimeoutError(str("collx rank ", rank, ": timed out after ", timeout.count(), " ms waiting for ", missing,
+                             " higher rank(s) to connect"));
+    }
+    pending.erase(std::remove_if(pending.begin(), pending.end(), [&](const Pending& p) { return p.until <= now; }),
+                  pending.end());
+    Deadline wake = deadline;
+    fds.assign(1, pollfd{listener.fd(), POLLIN, 0});
+    for (const auto& p : pending) {
+      fds.push_back({p.socket.fd(), POLLIN, 0});
+      wake = std::min(wake, p.until);
+    }
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - now).count() + 1;
+    if (::poll(fds.data(), fds.size(), int(std::min<int64_t>(ms, 1 << 30))) < 0 && errno != EINTR) {
+      throw Error(str("collx rank ", rank, ": poll failed while accepting peers: ", strerror(errno)));
+    }
+    // Read what arrived; a hello completes a peer, anything else drops the connection.
+    std::vector<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (fds[i + 1].revents) {
+        ssize_t rc = ::recv(p.socket.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got,
+                            MSG_DONTWAIT);
+        if (rc == 0 || (rc < 0 && errno != EINTR && errno != EAGAIN)) continue;  // closed: drop
+        if (rc > 0) p.got += size_t(rc);
+      }
+      if (p.got < sizeof(Hello)) {
+        still.push_back(std::move(p));
+        continue;
+      }
+      const Hello& h = p.hello;
+      bool ours = h.magic == kHelloMagic && h.token == token && h.generation == generation && h.size == size &&
+                  h.rank > rank && h.rank < size && !sockets[h.rank].valid();
+      if (!ours) continue;  // a stranger or a stale peer: drop it
+      sockets[h.rank] = std::move(p.socket);
+      --missing;
+    }
+    pending.swap(still);
+    if (fds[0].revents & POLLIN) {
+      int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        if (pending.size() >= kMaxPending) pending.erase(pending.begin());
+        pending.push_back(Pending{Socket(fd), Hello{}, 0, Clock::now() + kHelloTimeout});
+      } else if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        throw Error(str("collx rank ", rank, ": accept failed: ", strerror(errno)));
+      }
+    }
+  }
+}
 
 }  // namespace
 
-Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
+Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
                  std::chrono::milliseconds timeout) {
   Mesh mesh;
   mesh.sockets.resize(size);
@@ -46,7 +121,7 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
     token = std::stoull(stringOf(store.get(prefix + "token", timeout)));
   }
 
-  Address self = chooseAddress(ifname);
+  Address self = chooseAddress(ifname, family);
   Socket listener = listenOn(self);
   store.set(prefix + "addr/" + std::to_string(rank), bytesOf(self.str()));
 
@@ -72,25 +147,9 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
     sockets[peer] = std::move(s);
   }
 
-  int missing = size - 1 - rank;
-  while (missing > 0) {
-    Socket s;
-    try {
-      s = acceptFrom(listener, deadline);
-    } catch (const TimeoutError&) {
-      throw TimeoutError(str("collx rank ", rank, ": timed out after ", timeout.count(),
-                             " ms waiting for ", missing, " higher rank(s) to connect"));
-    }
-    Hello h{};
-    auto helloDeadline = std::min(deadline, Deadline(Clock::now() + kHelloTimeout));
-    if (!readAll(s, &h, sizeof(h), helloDeadline)) continue;
-    bool ours = h.magic == kHelloMagic && h.token == token && h.generation == generation &&
-                h.size == size && h.rank > rank && h.rank < size && !sockets[h.rank].valid();
-    if (!ours) continue;  // a stranger or a stale peer: drop it
-    sockets[h.rank] = std::move(s);
-    --missing;
-  }
-  return mesh;
+  listener.setNonBlocking(true);  // accept4 must not block on a connection reset before it
+  acceptPeers(listener, sockets, rank, size, generation, token, size - 1 - rank, deadline, timeout);
+  return mesh;  // the listener closes here: nobody can connect any more
 }
 
 }  // namespace collx::tcp

@@ -7,7 +7,9 @@
 //   3. every rank listens on an ephemeral port and publishes "host:port".
 //   4. rank r connects to every rank below it and accepts every rank above
 //      it. A connection whose hello is not ours (wrong magic, token, rank or
-//      generation; garbage; silence) is dropped and accepting goes on.
+//      generation; garbage; closed early) is dropped and accepting goes on;
+//      hellos are read from all accepted connections at once, so a silent or
+//      half-sent one holds up nobody (it is dropped after 10 s).
 //   5. the listener closes; nobody else can connect afterwards.
 //
 // The published addresses also tell which ranks share a machine: ranks that
@@ -28,7 +30,7 @@ struct Mesh {
   int localRanks = 1;           // ranks (this one included) publishing this host address
 };
 
-Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname,
+Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
                  std::chrono::milliseconds timeout);
 
 }  // namespace collx::tcp

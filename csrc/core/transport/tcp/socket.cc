@@ -124,15 +124,26 @@ bool startsWithAny(const std::string& name, const std::vector<std::string>& pref
   return false;
 }
 
-Address loopback() {
+Address loopback(int family) {
+  if (family == AF_INET6) {
+    sockaddr_in6 sin6{};
+    sin6.sin6_family = AF_INET6;
+    sin6.sin6_addr = in6addr_loopback;
+    return fromSockaddr(reinterpret_cast<sockaddr*>(&sin6));
+  }
   sockaddr_in sin{};
   sin.sin_family = AF_INET;
   sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   return fromSockaddr(reinterpret_cast<sockaddr*>(&sin));
 }
 
-// The first IPv4 (else IPv6) address of an up interface matching the spec.
-Address fromInterfaces(const std::string& spec) {
+const char* familyName(int family) {
+  return family == AF_INET ? "AF_INET" : family == AF_INET6 ? "AF_INET6" : "any family";
+}
+
+// The first IPv4 (else IPv6) address of an up interface matching the spec
+// and the family.
+Address fromInterfaces(const std::string& spec, int wantFamily) {
   bool exclude = !spec.empty() && spec[0] == '^';
   auto prefixes = splitComma(exclude ? spec.substr(1) : spec);
   ifaddrs* list = nullptr;
@@ -142,6 +153,7 @@ Address fromInterfaces(const std::string& spec) {
     if (!it->ifa_addr || !(it->ifa_flags & IFF_UP)) continue;
     int family = it->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
+    if (wantFamily != AF_UNSPEC && family != wantFamily) continue;
     if (startsWithAny(it->ifa_name, prefixes) == exclude) continue;
     if (family == AF_INET6 &&
         IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(it->ifa_addr)->sin6_addr)) {
@@ -151,21 +163,23 @@ Address fromInterfaces(const std::string& spec) {
   }
   if (!best) {
     freeifaddrs(list);
-    throw Error(str("collx: COLLX_SOCKET_IFNAME='", spec, "' matches no interface that is up"));
+    throw Error(str("collx: COLLX_SOCKET_IFNAME='", spec, "' matches no interface that is up with an ",
+                    familyName(wantFamily), " address"));
   }
   Address a = fromSockaddr(best->ifa_addr);
   freeifaddrs(list);
   return a;
 }
 
-Address fromHostname() {
+Address fromHostname(int family) {
   char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) != 0) return loopback();
+  if (gethostname(host, sizeof(host) - 1) != 0) return loopback(family);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
+  hints.ai_family = family;
   addrinfo* res = nullptr;
-  if (getaddrinfo(host, nullptr, &hints, &res) != 0 || !res) return loopback();
-  Address a = loopback();
+  if (getaddrinfo(host, nullptr, &hints, &res) != 0 || !res) return loopback(family);
+  Address a = loopback(family);
   for (addrinfo* it = res; it; it = it->ai_next) {
     // Only an address we can bind is one peers can reach us on.
     Socket probe(::socket(it->ai_family, SOCK_STREAM, 0));
@@ -197,8 +211,15 @@ bool waitFor(int fd, short events, Deadline deadline) {
 
 }  // namespace
 
-Address chooseAddress(const std::string& ifnameSpec) {
-  return ifnameSpec.empty() ? fromHostname() : fromInterfaces(ifnameSpec);
+Address chooseAddress(const std::string& ifnameSpec, int family) {
+  return ifnameSpec.empty() ? fromHostname(family) : fromInterfaces(ifnameSpec, family);
+}
+
+int parseFamily(const std::string& name) {
+  if (name.empty()) return AF_UNSPEC;
+  if (name == "AF_INET") return AF_INET;
+  if (name == "AF_INET6") return AF_INET6;
+  throw Error(str("collx: socket family '", name, "' is not AF_INET or AF_INET6"));
 }
 
 Socket listenOn(Address& addr) {
@@ -241,37 +262,11 @@ Socket connectTo(const Address& addr, Deadline deadline) {
   }
 }
 
-Socket acceptFrom(const Socket& listener, Deadline deadline) {
-  for (;;) {
-    if (!waitFor(listener.fd(), POLLIN, deadline)) {
-      throw TimeoutError("collx: timed out waiting for peers to connect");
-    }
-    int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) return Socket(fd);
-    if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-      throw Error(str("collx: accept failed: ", strerror(errno)));
-    }
-  }
-}
-
 bool writeAll(const Socket& s, const void* data, size_t n, Deadline deadline) {
   auto p = static_cast<const char*>(data);
   while (n > 0) {
     if (!waitFor(s.fd(), POLLOUT, deadline)) return false;
     ssize_t rc = ::send(s.fd(), p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (rc < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (rc <= 0) return false;
-    p += rc;
-    n -= size_t(rc);
-  }
-  return true;
-}
-
-bool readAll(const Socket& s, void* data, size_t n, Deadline deadline) {
-  auto p = static_cast<char*>(data);
-  while (n > 0) {
-    if (!waitFor(s.fd(), POLLIN, deadline)) return false;
-    ssize_t rc = ::recv(s.fd(), p, n, MSG_DONTWAIT);
     if (rc < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (rc <= 0) return false;
     p += rc;

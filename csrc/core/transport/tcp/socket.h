@@ -1,5 +1,5 @@
 // Thin RAII and helpers over POSIX TCP sockets: listen, connect with retry,
-// blocking exact reads/writes with a deadline (for the handshake only), and
+// a blocking exact write with a deadline (for the handshake only), and
 // the choice of the address a rank publishes.
 #pragma once
 
@@ -48,8 +48,13 @@ struct Address {
 
 // The address this rank listens on: from `ifnameSpec` (COLLX_SOCKET_IFNAME
 // syntax: "eth0,eth1" picks by prefix, "^docker,lo" excludes) or else the
-// address the hostname resolves to, or else loopback.
-Address chooseAddress(const std::string& ifnameSpec);
+// address the hostname resolves to, or else loopback. `family` (AF_INET,
+// AF_INET6; AF_UNSPEC: either, IPv4 first) restricts the choice, as
+// NCCL_SOCKET_FAMILY does.
+Address chooseAddress(const std::string& ifnameSpec, int family = AF_UNSPEC);
+
+// "AF_INET" -> AF_INET, "AF_INET6" -> AF_INET6, "" -> AF_UNSPEC; throws otherwise.
+int parseFamily(const std::string& name);
 
 // Listens on `addr` with an ephemeral port; `addr` gets the bound port.
 Socket listenOn(Address& addr);
@@ -57,11 +62,7 @@ Socket listenOn(Address& addr);
 // Connects, retrying refused connections until the deadline.
 Socket connectTo(const Address& addr, Deadline deadline);
 
-// Accepts one connection, waiting until the deadline (throws TimeoutError).
-Socket acceptFrom(const Socket& listener, Deadline deadline);
-
-// Blocking exact transfers that give up at the deadline; false on EOF/error.
+// Blocking exact write that gives up at the deadline; false on error.
 bool writeAll(const Socket& s, const void* data, size_t n, Deadline deadline);
-bool readAll(const Socket& s, void* data, size_t n, Deadline deadline);
 
 }  // namespace collx::tcp

@@ -3,12 +3,15 @@
 // every rank of a group runs the same binary on the same architecture.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace collx::tcp {
 
 constexpr uint32_t kFrameMagic = 0x436c5846;  // "ClXF"
 constexpr uint32_t kHelloMagic = 0x436c5848;  // "ClXH"
+// The longest reason an abort or cancel frame carries; fits the receive buffer.
+constexpr size_t kMaxReasonBytes = 2048;
 
 struct FrameHeader {
   uint32_t magic;

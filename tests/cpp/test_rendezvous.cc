@@ -1,0 +1,158 @@
+// Strangers at the mesh setup: while a group of 3 forms, connections from
+// outside the group reach the listeners of ranks 0 and 1 (their addresses
+// read from the Store keys the rendezvous publishes) and send garbage, a
+// wrong magic, a wrong token, a stale generation, a truncated hello, or
+// nothing. Each must be dropped, the group must form without waiting for
+// the silent ones (well under the 10 s hello timeout) and work; afterwards
+// the listeners are closed (connection refused).
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "../../csrc/core/algorithms/algorithms.h"
+#include "../../csrc/core/transport/tcp/device.h"
+#include "../../csrc/core/transport/tcp/wire.h"
+#include "check.h"
+#include "memory_store.h"
+
+using namespace collx;
+using namespace collx::tcp;
+
+namespace {
+
+std::string keyOf(const std::string& k) { return "collx/0/" + k; }
+
+Address addressOf(test::MemoryStore& store, int rank) {
+  auto v = store.get(keyOf("addr/" + std::to_string(rank)), std::chrono::seconds(30));
+  return Address::parse(std::string(v.begin(), v.end()));
+}
+
+uint64_t tokenOf(test::MemoryStore& store) {
+  auto v = store.get(keyOf("token"), std::chrono::seconds(30));
+  return std::stoull(std::string(v.begin(), v.end()));
+}
+
+// One stranger: connects and sends `bytes` of `data` (0: nothing), keeping the
+// connection open until destroyed.
+Socket stranger(const Address& addr, const void* data, size_t bytes) {
+  Socket s = connectTo(addr, Clock::now() + std::chrono::seconds(10));
+  if (bytes) CHECK(writeAll(s, data, bytes, Clock::now() + std::chrono::seconds(10)), "stranger write");
+  return s;
+}
+
+void testStrangersDuringSetup() {
+  const int n = 3;
+  test::MemoryStore store;
+  std::vector<std::unique_ptr<Device>> devices(n);
+  std::vector<Socket> strangers;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool strangersIn = false;
+  std::atomic<int64_t> lastStartMs{0};
+  auto t0 = Clock::now();
+  auto msSince = [&](Deadline t) { return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count(); };
+
+  std::thread outside([&] {
+    uint64_t token = tokenOf(store);
+    for (int r = 0; r < 2; ++r) {  // ranks 0 and 1 accept (rank 2 only connects)
+      Address a = addressOf(store, r);
+      std::lock_guard<std::mutex> lock(mu);
+      char garbage[sizeof(Hello)];
+      for (size_t i = 0; i < sizeof(garbage); ++i) garbage[i] = char(i * 37 + 11);
+      strangers.push_back(stranger(a, garbage, sizeof(garbage)));
+      Hello wrongMagic{0x12345678, 2, n, 0, 0, token};
+      strangers.push_back(stranger(a, &wrongMagic, sizeof(wrongMagic)));
+      Hello wrongToken{kHelloMagic, 2, n, 0, 0, token ^ 0x5a5a5a5a5a5aULL};
+      strangers.push_back(stranger(a, &wrongToken, sizeof(wrongToken)));
+      Hello stale{kHelloMagic, 2, n, 0, 7, token};  // another generation
+      strangers.push_back(stranger(a, &stale, sizeof(stale)));
+      Hello badRank{kHelloMagic, n + 3, n, 0, 0, token};
+      strangers.push_back(stranger(a, &badRank, sizeof(badRank)));
+      Hello truncated{kHelloMagic, 2, n, 0, 0, token};
+      strangers.push_back(stranger(a, &truncated, sizeof(truncated) / 2));  // then silence
+      strangers.push_back(stranger(a, nullptr, 0));                         // silence
+      stranger(a, nullptr, 0);                                              // connects and closes at once
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      strangersIn = true;
+    }
+    cv.notify_all();
+  });
+
+  test::runRanks(n, [&](int r) {
+    if (r == n - 1) {  // the last rank joins only once the strangers are in the listeners' queues
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return strangersIn; });
+      lastStartMs = msSince(t0);
+    }
+    devices[r] = std::make_unique<Device>(store, r, n, DeviceOptions{"", AF_UNSPEC, std::chrono::seconds(60)});
+  });
+  outside.join();
+  int64_t formed = msSince(t0) - lastStartMs;
+  CHECK(formed < 5000, "the mesh took ", formed, " ms to form after the last rank joined (strangers held it up)");
+
+  // The group works: an all-reduce over every pair.
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + std::chrono::seconds(30),
+                 1 << 10, 2, ws};
+    std::vector<int32_t> buf(1000, r + 1);
+    allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    for (int32_t v : buf) CHECK(v == 6, "rank ", r, " got ", v);
+  });
+
+  // The listeners are gone: a new connection is refused.
+  for (int r = 0; r < 2; ++r) {
+    Address a = addressOf(store, r);
+    Socket s(::socket(a.storage.ss_family, SOCK_STREAM, 0));
+    int rc = ::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a.storage), a.len);
+    CHECK(rc != 0 && errno == ECONNREFUSED, "rank ", r, "'s listener at ", a.str(), " still accepts after setup");
+  }
+  strangers.clear();
+  std::printf("strangers dropped; mesh formed %lld ms after the last rank joined\n", (long long)formed);
+}
+
+// COLLX_SOCKET_FAMILY=AF_INET6 with COLLX_SOCKET_IFNAME=lo: the ranks publish
+// [::1]:port and the mesh runs over IPv6 (skipped where ::1 cannot be bound).
+void testIpv6Loopback() {
+  Address probe = chooseAddress("lo", AF_INET6);
+  Socket s(::socket(AF_INET6, SOCK_STREAM, 0));
+  if (!s.valid() || ::bind(s.fd(), reinterpret_cast<sockaddr*>(&probe.storage), probe.len) != 0) {
+    std::printf("ipv6: skipped, cannot bind %s\n", probe.str().c_str());
+    return;
+  }
+  CHECK(probe.host() == "[::1]", "lo with AF_INET6 chose ", probe.str());
+  const int n = 3;
+  test::MemoryStore store;
+  std::vector<std::unique_ptr<Device>> devices(n);
+  test::runRanks(n, [&](int r) {
+    devices[r] = std::make_unique<Device>(store, r, n, DeviceOptions{"lo", AF_INET6, std::chrono::seconds(60)});
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(addressOf(store, r).storage.ss_family == AF_INET6, "rank ", r, " published ", addressOf(store, r).str());
+  }
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt64, 1, Clock::now() + std::chrono::seconds(30),
+                 1 << 12, 2, ws};
+    std::vector<int64_t> buf(100003, r);
+    allreduce(c, Algorithm::kRing, buf.data(), buf.size(), cpuReduceFn(DataType::kInt64, ReduceOp::kSum));
+    for (int64_t v : buf) CHECK(v == 3, "rank ", r, " got ", v);
+  });
+  std::printf("ipv6: a group of %d over %s works\n", n, addressOf(store, 0).str().c_str());
+}
+
+}  // namespace
+
+int main() {
+  testStrangersDuringSetup();
+  testIpv6Loopback();
+  std::printf("test_rendezvous: ok\n");
+  return 0;
+}

@@ -1,0 +1,147 @@
+"""Peers that die or stall, with real processes: a rank SIGKILLed before or
+during a 64 MB all_reduce, and a rank stopped with SIGSTOP. The survivors must
+raise DistBackendError naming the op, their rank and the peer: a dead peer
+within 5 s (the group timeout is 60 s, so it is not the timeout that fires), a
+stalled one at the per-op timeout, else at the group timeout. A later op on
+the broken group fails at once with the same cause; destroy_process_group
+still works. The victim is in the launcher's ``may_die``.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytest.importorskip("torchcollx")
+
+from launcher import Died, run_ranks  # noqa: E402
+
+BIG = 16 << 20  # float32 elements: 64 MB
+GROUP_TIMEOUT = 60.0
+
+
+def _attempt(fn):
+    """(exception name or "ok", message, wall time when it ended)."""
+    try:
+        fn()
+        return ("ok", "", time.time())
+    except Exception as e:
+        return (type(e).__name__, str(e), time.time())
+
+
+# ------------------------------------------------------------------ dead peer
+
+def _dead_peer(rank, ws, victim, when, stamp):
+    """The victim SIGKILLs itself, `when` = "before" the survivors' all_reduce
+    or "during" a loop of them; it writes the kill time to `stamp` first."""
+    x = torch.ones(1000)
+    dist.all_reduce(x)  # the group works
+    big = torch.ones(BIG)
+
+    def die():
+        with open(stamp, "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if rank == victim:
+        if when == "before":
+            die()
+        threading.Timer(0.3, die).start()
+        while True:
+            dist.all_reduce(big)
+    if when == "before":
+        time.sleep(0.5)
+    first = None
+    for _ in range(200):  # "during": back-to-back ops until the kill lands
+        first = _attempt(lambda: dist.all_reduce(big))
+        if first[0] != "ok":
+            break
+    with open(stamp) as f:
+        killed_at = float(f.read())
+    t0 = time.time()
+    later = _attempt(lambda: dist.all_reduce(torch.ones(10)))
+    later_took = later[2] - t0
+    t0 = time.time()
+    dist.destroy_process_group()
+    destroy_took = time.time() - t0
+    return {"first": first, "killed_at": killed_at, "later": later, "later_took": later_took,
+            "destroy_took": destroy_took, "initialized": dist.is_initialized()}
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+@pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
+def test_dead_peer_fails_every_survivor_fast(ws, when, tmp_path):
+    victim = 1
+    res = run_ranks(_dead_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
+                    args=(victim, when, str(tmp_path / "killed_at")))
+    assert isinstance(res[victim], Died) and "SIGKILL" in res[victim], res[victim]
+    for rank, r in enumerate(res):
+        if rank == victim:
+            continue
+        kind, msg, at = r["first"]
+        took = at - r["killed_at"]
+        report = f"rank {rank} ({when}, ws={ws}): {kind} {took:.2f} s after the kill: {msg}"
+        print(report)
+        assert kind == "DistBackendError", report
+        assert "all_reduce" in msg and f"rank {rank}" in msg, report
+        assert f"peer {victim}" in msg or "aborted the group" in msg, report
+        assert took <= 5.0, report
+        kind2, msg2, _ = r["later"]
+        assert kind2 == "DistBackendError", f"rank {rank}: the op after the failure: {kind2} {msg2}"
+        reason = msg.split("failed on rank", 1)[1].split(": ", 1)[1]
+        assert reason in msg2, f"rank {rank}: later op's error lacks the first cause:\n{msg}\n{msg2}"
+        assert r["later_took"] < 1.0, f"rank {rank}: the op after the failure took {r['later_took']:.2f} s"
+        assert r["destroy_took"] < 5.0 and not r["initialized"], r
+
+
+# ------------------------------------------------------------------ stalled peer
+
+def _stalled_peer(rank, ws, victim, op_timeout, group_timeout):
+    """The victim stops itself (SIGSTOP). The survivors time out on a per-op
+    timeout (the default group, 60 s group timeout) and on a group timeout
+    (a second group), then kill the victim."""
+    g2 = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=group_timeout))
+    pids = [None] * ws
+    dist.all_gather_object(pids, os.getpid())
+    dist.all_reduce(torch.ones(10), group=g2)  # both groups work
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return "continued"  # only if someone sends SIGCONT
+    time.sleep(0.3)  # the victim stops
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    opts = dist.AllreduceOptions()
+    opts.timeout = datetime.timedelta(seconds=op_timeout)
+    t0 = time.time()
+    per_op = _attempt(lambda: backend.allreduce([torch.ones(100)], opts).wait())
+    per_op = per_op[:2] + (per_op[2] - t0,)
+    t0 = time.time()
+    grp = _attempt(lambda: dist.broadcast(torch.ones(100), src=victim, group=g2))
+    grp = grp[:2] + (grp[2] - t0,)
+    if rank == min(r for r in range(ws) if r != victim):
+        os.kill(pids[victim], signal.SIGKILL)  # SIGKILL ends a stopped process too
+    return {"per_op": per_op, "group": grp}
+
+
+@pytest.mark.parametrize("ws", [3], ids=lambda ws: f"ws{ws}")
+def test_stalled_peer_times_out_naming_it(ws):
+    victim, op_timeout, group_timeout = ws - 1, 2.0, 3.0
+    res = run_ranks(_stalled_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
+                    args=(victim, op_timeout, group_timeout))
+    assert isinstance(res[victim], Died), f"the stopped rank ended as {res[victim]!r}"
+    for rank, r in enumerate(res):
+        if rank == victim:
+            continue
+        for key, op, limit in (("per_op", "all_reduce", op_timeout), ("group", "broadcast", group_timeout)):
+            kind, msg, took = r[key]
+            report = f"rank {rank} {key} timeout {limit} s: {kind} after {took:.2f} s: {msg}"
+            print(report)
+            assert kind == "DistBackendError", report
+            assert op in msg and f"rank {rank}" in msg and f"peer {victim}" in msg, report
+            assert "timed out" in msg, report
+            assert limit - 0.5 <= took <= limit + 3.0, report
