@@ -172,7 +172,8 @@ class CollxBackend : public c10d::Backend {
   const std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Device> device_;
   std::atomic<uint64_t> seq_{0};
-  Workspace workspace_;  // used by the one op running at a time
+  Workspace workspace_;  // the algorithms' scratch; one op runs at a time
+  Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)
   std::vector<uint64_t> p2pSent_, p2pReceived_;  // per peer; executor-side only
   std::mutex coalesceMutex_;
   bool coalescing_ = false;

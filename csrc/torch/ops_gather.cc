@@ -101,10 +101,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
       checkSameShape(outputs[i], inputs[i], op, rank_, "output");
       all.insert(all.end(), outputs[i].begin(), outputs[i].end());
     }
-    auto body = [inputs, outputs](const Collective& c) {
+    auto body = [this, inputs, outputs](const Collective& c) {
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        at::Tensor flat = at::empty({inputs[i].numel() * c.size()}, inputs[i].options());
+        at::Tensor flat = scratchTensor(copies_, inputs[i].numel() * c.size(), inputs[i].options());
         label = allgatherInto(c, inputs[i], flat);
         scatterBack(flat, outputs[i]);
       }

@@ -28,7 +28,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   // A large staged tensor is all-reduced chunk by chunk, overlapping its copies.
   std::shared_ptr<Staging> pipeline = Staging::current();
   if (pipeline && !(outputs.size() == 1 && pipeline->pipelines(outputs[0]))) pipeline = nullptr;
-  auto body = [outputs, r, dtype, algo, size, pipeline](const Collective& c) {
+  auto body = [this, outputs, r, dtype, algo, size, pipeline](const Collective& c) {
     Algorithm ran;
     auto run = [&](void* p, size_t n) {
       withScaling(r, dtype, p, n, size, [&] { ran = collx::allreduce(c, algo, p, n, r.fn); });
@@ -38,7 +38,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
       return collx::str("all_reduce/", name(ran));
     }
     // Read the inputs here, when the op runs: a staged op fills them just before.
-    at::Tensor flat = outputs.size() == 1 ? contiguousOf(outputs[0]).view(-1) : flatCopy(outputs);
+    at::Tensor flat = outputs.size() == 1 ? contiguousOf(outputs[0]).view(-1) : flatCopy(copies_, outputs);
     run(flat.data_ptr(), size_t(flat.numel()));
     scatterBack(flat, outputs);
     return collx::str("all_reduce/", name(ran));
@@ -109,9 +109,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
     const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
     std::vector<at::Tensor> outputs = tensors;
     const bool isRoot = rank_ == root;
-    auto body = [outputs, r, dtype, root, isRoot](const Collective& c) {
+    auto body = [this, outputs, r, dtype, root, isRoot](const Collective& c) {
       // Other ranks' tensors stay unchanged (as in NCCL): they reduce a copy.
-      at::Tensor flat = isRoot ? contiguousOf(outputs[0]).view(-1) : outputs[0].reshape(-1).clone();
+      at::Tensor flat = isRoot ? contiguousOf(outputs[0]).view(-1) : flatCopy(copies_, outputs);
       size_t n = size_t(flat.numel());
       withScaling(r, dtype, flat.data_ptr(), n, isRoot ? c.size() : 1,
                   [&] { collx::reduce(c, flat.data_ptr(), n, root, r.fn); });
@@ -151,8 +151,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
     }
     checkSameShape(inputs[0], outputs[0], op, rank_, "input");
     const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-    auto body = [in = inputs[0], out = outputs[0], r, dtype](const Collective& c) {
-      at::Tensor work = flatCopy(in);
+    auto body = [this, in = inputs[0], out = outputs[0], r, dtype](const Collective& c) {
+      at::Tensor work = flatCopy(copies_, in);
       return reduceScatterInto(c, r, dtype, work, out);
     };
     return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
@@ -191,10 +191,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
       }
     }
     const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
-    auto body = [ins = inputs, outs = outputs, r, dtype](const Collective& c) {
+    auto body = [this, ins = inputs, outs = outputs, r, dtype](const Collective& c) {
       std::string label;
       for (size_t i = 0; i < ins.size(); ++i) {
-        at::Tensor work = ins[i].reshape(-1).clone();  // a private copy, taken when the op runs
+        at::Tensor work = flatCopy(copies_, {ins[i]});  // a private copy, taken when the op runs
         label = reduceScatterInto(c, r, dtype, work, outs[i]);
       }
       return label;
