@@ -309,9 +309,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
         sends.push_back({r, s + in[r], size_t(in[r + 1] - in[r]), c.frame(0)});
         recvs.push_back({r, d + out[r], size_t(out[r + 1] - out[r]), c.frame(0)});
       }
-      int me = c.rank();
-      std::memcpy(d + out[me], s + in[me], size_t(in[me + 1] - in[me]));
-      exchange(c, sends, recvs);
+      const int me = c.rank();
+      exchange(c, sends, recvs, [&] { std::memcpy(d + out[me], s + in[me], size_t(in[me + 1] - in[me])); });
       if (dst.data_ptr() != output.data_ptr()) output.copy_(dst);
       return std::string("all_to_all/direct");
     };
@@ -356,8 +355,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall(std::vector<at::Tensor>& o
         sends.push_back({r, ins[r].data_ptr(), size_t(ins[r].nbytes()), c.frame(0)});
         recvs.push_back({r, bufs[r].data_ptr(), size_t(bufs[r].nbytes()), c.frame(0)});
       }
-      bufs[c.rank()].view(-1).copy_(ins[c.rank()].view(-1));
-      exchange(c, sends, recvs);
+      exchange(c, sends, recvs, [&] { bufs[c.rank()].view(-1).copy_(ins[c.rank()].view(-1)); });
       for (int r = 0; r < c.size(); ++r) {
         if (bufs[r].data_ptr() != outputs[r].data_ptr()) outputs[r].copy_(bufs[r]);
       }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "../reduce/reduce.h"
@@ -61,8 +62,10 @@ struct Transfer {
 
 // Posts every send and receive at once and waits for all of them: the direct
 // pattern behind all-to-all, gather, scatter and batched send/recv.
+// `meanwhile` runs between posting and waiting (local work that overlaps the
+// transfers, like all-to-all's copy of a rank's own block).
 void exchange(const Collective& c, const std::vector<Transfer>& sends,
-              const std::vector<Transfer>& recvs);
+              const std::vector<Transfer>& recvs, const std::function<void()>& meanwhile = {});
 
 // ---- building blocks shared by the entry points above ----
 

@@ -17,10 +17,11 @@
 namespace collx {
 
 void exchange(const Collective& c, const std::vector<Transfer>& sends,
-              const std::vector<Transfer>& recvs) {
+              const std::vector<Transfer>& recvs, const std::function<void()>& meanwhile) {
   uint64_t cookie = 0;
   for (const Transfer& t : recvs) c.transport.postRecv(t.peer, t.frame, t.data, t.bytes, cookie++);
   for (const Transfer& t : sends) c.transport.postSend(t.peer, t.frame, t.data, t.bytes, cookie++);
+  if (meanwhile) meanwhile();
   waitAll(c.transport, c.deadline);
 }
 
