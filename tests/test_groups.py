@@ -255,6 +255,23 @@ def test_device_mesh_2x2x2_example():
 
 # ------------------------------------------------------------------ split_group
 
+def _split(rank, ws):
+    """ProcessGroup.split_group, the C++ call dist.split_group makes once it
+    has checked for an accelerator device_id (which a CPU-only box cannot
+    bind; tests/test_cuda.py runs dist.split_group itself on a GPU). It asks
+    the backend for getBackendOptions() and split()."""
+    import datetime
+
+    pg = dist.distributed_c10d._get_default_group()
+    mine = [0, 1] if rank < 2 else [2, 3]
+    sub = pg.split_group(mine, timeout=datetime.timedelta(seconds=60), opts=None, group_name=f"halves{mine[0]}",
+                         group_desc="halves")
+    backend = sub._get_backend(torch.device("cpu"))
+    t = torch.full((100_003,), float(rank + 1))
+    sub.allreduce([t]).wait()
+    return sub.size(), sub.rank(), type(backend).__name__, bool((t == sum(r + 1 for r in mine)).all())
+
+
 def test_split_group():
-    pytest.skip("dist.split_group needs an accelerator device_id in torch 2.14 (\"No device associated "
-                "with the default pg\"); this machine is CPU-only")
+    results = run_ranks(_split, 4, timeout=60)
+    assert results == [(2, r % 2, "CollxBackend", True) for r in range(4)]

@@ -1,6 +1,10 @@
 // Lifecycle, the op queue, barriers, splitting and stats of CollxBackend.
 #include "backend.h"
 
+#include <pybind11/pybind11.h>
+
+#include <optional>
+
 #include "core/algorithms/tuning.h"
 #include "op_helpers.h"
 #include "store_adapter.h"
@@ -25,7 +29,14 @@ CollxBackend::~CollxBackend() { shutdown(); }
 void CollxBackend::shutdown() {
   // An op still in flight is failed, not waited for: its peers may be gone.
   device_->interrupt();
-  executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
+  {
+    // The executor thread may need the GIL to drop the last reference to a
+    // tensor of its last op. Joining it with the GIL held (this destructor
+    // runs from Python's GC) would deadlock, so let go of the GIL meanwhile.
+    std::optional<pybind11::gil_scoped_release> noGil;
+    if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
+    executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
+  }
   device_->close();
 }
 
