@@ -255,7 +255,7 @@ def test_device_mesh_2x2x2_example():
 
 # ------------------------------------------------------------------ split_group
 
-def _split(rank, ws):
+def _split_halves(rank, ws):
     """ProcessGroup.split_group, the C++ call dist.split_group makes once it
     has checked for an accelerator device_id (which a CPU-only box cannot
     bind; tests/test_cuda.py runs dist.split_group itself on a GPU). It asks
@@ -273,5 +273,5 @@ def _split(rank, ws):
 
 
 def test_split_group():
-    results = run_ranks(_split, 4, timeout=60)
+    results = run_ranks(_split_halves, 4, timeout=60)
     assert results == [(2, r % 2, "CollxBackend", True) for r in range(4)]
