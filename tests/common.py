@@ -7,6 +7,7 @@ pytest test.
 from __future__ import annotations
 
 import functools
+import time
 import traceback
 
 import torch
@@ -198,3 +199,14 @@ class Suite:
     def check(self, name):
         failures = self.failures(name)
         assert not failures, f"{name} (world_size={self.world_size}) failed:\n" + "\n".join(failures)
+
+
+def attempt(fn):
+    """Runs ``fn()``: ("ok" or the exception's type name, its message without
+    torch's C++ backtrace, seconds it took)."""
+    t0 = time.monotonic()
+    try:
+        fn()
+        return ("ok", "", time.monotonic() - t0)
+    except Exception as e:
+        return (type(e).__name__, str(e).split("\nException raised from")[0], time.monotonic() - t0)

@@ -17,7 +17,6 @@ ReduceOp), so it is not here; the C++ check stays.
 from __future__ import annotations
 
 import datetime
-import time
 
 import pytest
 import torch
@@ -26,6 +25,7 @@ import torch.distributed as dist
 pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
+from common import attempt  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 N = 8
@@ -104,15 +104,6 @@ P2P_CASES = {
 }
 
 
-def _attempt(fn):
-    t0 = time.monotonic()
-    try:
-        fn()
-        return ("ok", "", time.monotonic() - t0)
-    except Exception as e:
-        return (type(e).__name__, str(e).split("\nException raised from")[0], time.monotonic() - t0)
-
-
 def _check_group(g, ws, salt):
     """Ops that read from every peer, checked: the group still works."""
     x = torch.full((5,), float(salt))
@@ -130,13 +121,13 @@ def _same_bad_input(rank, ws):
     for salt, (name, (_, _, bad, _, _)) in enumerate(CASES.items()):
         if name in ROOT_ONLY:
             continue
-        out[name] = _attempt(lambda: bad(None, rank, ws))
+        out[name] = attempt(lambda: bad(None, rank, ws))
         out[name + "/group works"] = _check_group(None, ws, salt + 1)
     for name, (_, _, bad) in P2P_CASES.items():
-        out[name] = _attempt(lambda: bad(None, rank, ws))
+        out[name] = attempt(lambda: bad(None, rank, ws))
     # Many rejected ops in a row, then async ops: their cancel frames are all skipped.
     for _ in range(50):
-        _attempt(lambda: dist.all_reduce(_t(), op=dist.ReduceOp.BOR))
+        attempt(lambda: dist.all_reduce(_t(), op=dist.ReduceOp.BOR))
     works = [dist.all_reduce(torch.full((100,), float(i)), async_op=True) for i in range(4)]
     for w in works:
         w.wait()
@@ -174,8 +165,8 @@ def _one_bad_rank(rank, ws, names):
         _, _, bad, good, bad_rank = CASES[name]
         g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=30))
         call = bad if rank == bad_rank else good
-        first = _attempt(lambda: call(g, rank, ws))
-        follow = _attempt(lambda: dist.all_reduce(_t(), group=g))
+        first = attempt(lambda: call(g, rank, ws))
+        follow = attempt(lambda: dist.all_reduce(_t(), group=g))
         out[name] = (first, follow)
         dist.barrier(group=launcher.gloo())
     return out
@@ -220,7 +211,7 @@ def _bad_receiver_of_big_broadcast(rank, ws):
     g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=30))
     bad = ws - 1
     t = torch.ones(16 << 20) if rank != bad else torch.ones(8, dtype=torch.int16)
-    out = _attempt(lambda: dist.broadcast(t, group_src=0, group=g))
+    out = attempt(lambda: dist.broadcast(t, group_src=0, group=g))
     dist.barrier(group=launcher.gloo())
     return out
 

@@ -118,7 +118,7 @@ def check_groups(rank, ws, fail):
             dist.gather(x, [gbuf], dst=rank, group=cur)
             dist.barrier(group=cur)
             if mismatch(out, x) or mismatch(gbuf, x):
-                fail(f"one-rank group: all_gather_into_tensor / gather is not the identity")
+                fail("one-rank group: all_gather_into_tensor / gather is not the identity")
         for sg in subs:
             dist.destroy_process_group(sg)
     for _, g in groups:

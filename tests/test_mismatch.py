@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import re
-import time
 
 import pytest
 import torch
@@ -17,21 +16,12 @@ torchcollx = pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
 from collectives_common import MIB4, RING_BLOCK  # noqa: E402
-from common import Suite  # noqa: E402
+from common import Suite, attempt  # noqa: E402
 
 
 # ------------------------------------------------------------------ failures: mismatches, absent ranks
 
 SHORT = 5.0  # seconds: the timeout of the groups the failure cases run on
-
-
-def _attempt(fn):
-    t0 = time.monotonic()
-    try:
-        fn()
-        return ("ok", "", time.monotonic() - t0)
-    except Exception as e:
-        return (type(e).__name__, str(e), time.monotonic() - t0)
 
 
 def _failures(rank, ws):
@@ -43,9 +33,9 @@ def _failures(rank, ws):
 
     def case(name, fn, follow_up=True):
         g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=SHORT))
-        out[name] = _attempt(lambda: fn(g))
+        out[name] = attempt(lambda: fn(g))
         if follow_up:
-            out[name + "/follow-up"] = _attempt(lambda: dist.all_reduce(torch.ones(3), group=g))
+            out[name + "/follow-up"] = attempt(lambda: dist.all_reduce(torch.ones(3), group=g))
         dist.barrier(group=gl)
 
     # all_gather_into_tensor: rank 0 passes 4 elements, the others 5 (each with a matching output).

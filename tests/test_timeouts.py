@@ -14,23 +14,15 @@ import torch.distributed as dist
 pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
+from common import attempt  # noqa: E402
 from launcher import run_ranks  # noqa: E402
-
-
-def _attempt(fn):
-    t0 = time.monotonic()
-    try:
-        fn()
-        return ("ok", "", time.monotonic() - t0)
-    except Exception as e:
-        return (type(e).__name__, str(e), time.monotonic() - t0)
 
 
 def _absent_peer(rank, ws, stay_away):
     if rank != 0:
         time.sleep(stay_away)
         return None
-    return _attempt(lambda: dist.all_reduce(torch.ones(10)))
+    return attempt(lambda: dist.all_reduce(torch.ones(10)))
 
 
 @pytest.mark.parametrize("pg_timeout", [2.0, 4.0])
@@ -54,9 +46,9 @@ def _wait_with_timeout(rank, ws, late):
             dist.all_reduce(t, group=group)
             continue
         w = dist.all_reduce(t, group=group, async_op=True)
-        short = _attempt(lambda: w.wait(timeout=datetime.timedelta(seconds=0.5)))
+        short = attempt(lambda: w.wait(timeout=datetime.timedelta(seconds=0.5)))
         completed_after_short = w.is_completed()
-        full = _attempt(lambda: w.wait())
+        full = attempt(lambda: w.wait())
         out[name] = {"short": short, "completed_after_short": completed_after_short, "full": full,
                      "result_ok": torch.equal(t, torch.full((1000,), 3.0))}
     return out

@@ -8,21 +8,14 @@
 #include "../../csrc/core/algorithms/algorithms.h"
 #include "../../csrc/core/transport/tcp/device.h"
 #include "check.h"
+#include "group.h"
 #include "memory_store.h"
 
 using namespace collx;
 
 namespace {
 
-struct Group {
-  test::MemoryStore store;
-  std::vector<std::unique_ptr<tcp::Device>> devices;
-  explicit Group(int size) : devices(size) {
-    test::runRanks(size, [&](int r) {
-      devices[r] = std::make_unique<tcp::Device>(store, r, size, tcp::DeviceOptions{});
-    });
-  }
-};
+using test::Group;
 
 Collective make(tcp::Device& d, OpKind kind, DataType dtype, uint64_t seq, size_t seg, int arity) {
   thread_local Workspace workspace;

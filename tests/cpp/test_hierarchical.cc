@@ -10,21 +10,14 @@
 #include "../../csrc/core/transport/subgroup.h"
 #include "../../csrc/core/transport/tcp/device.h"
 #include "check.h"
+#include "group.h"
 #include "memory_store.h"
 
 using namespace collx;
 
 namespace {
 
-struct Group {
-  test::MemoryStore store;
-  std::vector<std::unique_ptr<tcp::Device>> devices;
-  explicit Group(int size) : devices(size) {
-    test::runRanks(size, [&](int r) {
-      devices[r] = std::make_unique<tcp::Device>(store, r, size, tcp::DeviceOptions{});
-    });
-  }
-};
+using test::Group;
 
 // Every rank of the parent, with host(r) = hosts[r] instead of the parent's.
 class ForcedHosts : public SubgroupTransport {
