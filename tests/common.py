@@ -7,6 +7,7 @@ pytest test.
 from __future__ import annotations
 
 import functools
+import os
 import time
 import traceback
 
@@ -210,3 +211,16 @@ def attempt(fn):
         return ("ok", "", time.monotonic() - t0)
     except Exception as e:
         return (type(e).__name__, str(e).split("\nException raised from")[0], time.monotonic() - t0)
+
+
+def socket_inodes():
+    """Inodes of this process's open sockets (to match /proc/self/net/tcp{,6} rows)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    return inodes

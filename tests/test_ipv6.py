@@ -4,7 +4,6 @@ store is reached over tcp://[::1]:port works. Skipped where ::1 cannot be bound.
 """
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -15,6 +14,7 @@ torchcollx = pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
 from launcher import run_ranks  # noqa: E402
+from common import socket_inodes  # noqa: E402
 
 
 def _ipv6_loopback_works():
@@ -46,14 +46,7 @@ def test_socket_family_option(monkeypatch):
 
 def _established_tcp_families():
     """{"tcp": n, "tcp6": n}: this process's established TCP connections."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
+    inodes = socket_inodes()
     out = {}
     for table in ("tcp", "tcp6"):
         with open(f"/proc/self/net/{table}") as f:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 pytest.importorskip("torchcollx")
 
+from common import socket_inodes  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 HELLO_MAGIC = 0x436C5848
@@ -51,14 +52,7 @@ def _address(hexaddr):
 
 
 def _listening_addresses():
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
+    inodes = socket_inodes()
     ports = []
     for table in ("tcp", "tcp6"):
         with open(f"/proc/self/net/{table}") as f:
