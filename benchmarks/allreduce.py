@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, parse_size, parse_sizes
+from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, compare_to_gloo, parse_size, parse_sizes
 
 
 # ----------------------------------------------------------------- loopback limits
@@ -283,11 +283,7 @@ def main():
             r = dict(bytes=nbytes, name=name, time_us=t * 1e6, p50_us=p50 * 1e6, algbw=algbw,
                      busbw=busbw, iters=iters, vs_gloo=None, busbw_x=None,
                      pct_limit=100 * busbw / limit if limit else None)
-            if name == "gloo":
-                gloo_row = r
-            elif gloo_row:
-                r["vs_gloo"] = r["time_us"] / gloo_row["time_us"]
-                r["busbw_x"] = r["busbw"] / gloo_row["busbw"]
+            gloo_row = compare_to_gloo(r, gloo_row, name == "gloo")
             rows.append(r)
             if rank == 0:
                 print(fmt_row(r), flush=True)

@@ -25,3 +25,15 @@ def agreed_max(*xs):
     t = torch.tensor(xs, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist() if len(xs) > 1 else t.item()
+
+
+def compare_to_gloo(row, gloo_row, is_gloo):
+    """Fills row's vs_gloo (time ratio) and busbw_x (busbw ratio) from the
+    gloo row of the same point; a gloo row (is_gloo) becomes the reference.
+    Returns the gloo row to compare the next rows with."""
+    if is_gloo:
+        return row
+    if gloo_row:
+        row["vs_gloo"] = row["time_us"] / gloo_row["time_us"]
+        row["busbw_x"] = row["busbw"] / gloo_row["busbw"]
+    return gloo_row

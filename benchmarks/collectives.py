@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, parse_sizes
+from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, compare_to_gloo, parse_sizes
 
 OPS = ["reduce_scatter", "all_gather", "broadcast", "all_to_all", "reduce"]
 ROOT = 0
@@ -265,11 +265,7 @@ def main():
                 algbw = count * 4 / t / 1e9
                 r = dict(op=op, bytes=count * 4, backend=name, algo=algo, time_us=t * 1e6, p50_us=p50 * 1e6,
                          algbw=algbw, busbw=algbw * busbw_factor(op, n), iters=iters, vs_gloo=None, busbw_x=None)
-                if name == "gloo":
-                    gloo_row = r
-                elif gloo_row:
-                    r["vs_gloo"] = r["time_us"] / gloo_row["time_us"]
-                    r["busbw_x"] = r["busbw"] / gloo_row["busbw"]
+                gloo_row = compare_to_gloo(r, gloo_row, name == "gloo")
                 rows.append(r)
                 if rank == 0:
                     print(fmt_row(r), flush=True)

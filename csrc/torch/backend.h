@@ -151,6 +151,11 @@ class CollxBackend : public c10d::Backend {
     Staging::Scope scope(std::move(staging));
     return op();
   }
+  // An op that writes `outputs` from `inputs`: when they need staging, reruns
+  // it as op(hostOutputs, hostInputs) on their mirrors; null otherwise
+  // (defined in op_helpers.h).
+  template <typename Outs, typename Ins, typename Op>
+  WorkPtr onMirrors(const char* name, Outs& outputs, Ins& inputs, Op&& op);
   // All-reduce of `tensors` (in place) as one flat buffer.
   c10::intrusive_ptr<c10d::Work> allreduceFlat(c10d::OpType type, std::vector<at::Tensor> tensors,
                                                const c10d::ReduceOp& op, Algorithm algorithm,

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 
+#include "backend.h"
 #include "core/algorithms/collective.h"
 #include "tensor_checks.h"
 
@@ -83,6 +84,7 @@ inline void checkSameShape(const std::vector<at::Tensor>& ts, const at::Tensor& 
 }
 
 // Every tensor of the lists, in one vector (to check their devices at once).
+inline void appendAll(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
 inline void appendAll(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& ts) {
   out.insert(out.end(), ts.begin(), ts.end());
 }
@@ -94,6 +96,15 @@ std::vector<at::Tensor> allOf(const Lists&... lists) {
   std::vector<at::Tensor> out;
   (appendAll(out, lists), ...);
   return out;
+}
+
+template <typename Outs, typename Ins, typename Op>
+WorkPtr CollxBackend::onMirrors(const char* name, Outs& outputs, Ins& inputs, Op&& op) {
+  std::shared_ptr<Staging> st = stagingFor(allOf(outputs, inputs), name);
+  if (!st) return nullptr;
+  auto hostOut = st->mirror(outputs, /*copyIn=*/false, /*copyOut=*/true);
+  auto hostIn = st->mirror(inputs, /*copyIn=*/true, /*copyOut=*/false);
+  return runStaged(st, [&] { return op(hostOut, hostIn); });
 }
 
 // "op/direct" or "op/tree": which shape a one-way tree collective took.

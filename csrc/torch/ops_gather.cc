@@ -83,10 +83,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
                                                        const c10d::AllgatherOptions& opts) {
   return validated(OpKind::kAllgather, [&]() -> WorkPtr {
     const char* op = "all_gather";
-    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-      auto hostOut = st->mirror(outputs, false, true);
-      auto hostIn = st->mirror(inputs, true, false);
-      return runStaged(st, [&] { return allgather(hostOut, hostIn, opts); });
+    if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return allgather(out, in, opts); })) {
+      return w;
     }
     if (inputs.empty() || outputs.size() != inputs.size()) {
       fail(op, rank_, collx::str("got ", outputs.size(), " output lists for ", inputs.size(), " inputs"));
@@ -128,10 +126,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
                                                                              const c10d::AllgatherOptions& opts) {
   return validated(OpKind::kAllgather, [&]() -> WorkPtr {
     const char* op = "all_gather_into_tensor";
-    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-      auto hostOut = st->mirror(outputs, false, true);
-      auto hostIn = st->mirror(inputs, true, false);
-      return runStaged(st, [&] { return allgather_into_tensor_coalesced(hostOut, hostIn, opts); });
+    if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return allgather_into_tensor_coalesced(out, in, opts); })) {
+      return w;
     }
     if (inputs.empty() || outputs.size() != inputs.size()) {
       fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
@@ -166,10 +162,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::gather(std::vector<std::vector<at::
                                                     const c10d::GatherOptions& opts) {
   return validated(OpKind::kGather, [&]() -> WorkPtr {
     const char* op = "gather";
-    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-      auto hostOut = st->mirror(outputs, false, true);
-      auto hostIn = st->mirror(inputs, true, false);
-      return runStaged(st, [&] { return gather(hostOut, hostIn, opts); });
+    if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return gather(out, in, opts); })) {
+      return w;
     }
     checkSingle(inputs, op, rank_);
     const DataType dtype = checkTensor(inputs[0], op, rank_);
@@ -213,10 +207,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::scatter(std::vector<at::Tensor>& ou
                                                      const c10d::ScatterOptions& opts) {
   return validated(OpKind::kScatter, [&]() -> WorkPtr {
     const char* op = "scatter";
-    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-      auto hostOut = st->mirror(outputs, false, true);
-      auto hostIn = st->mirror(inputs, true, false);
-      return runStaged(st, [&] { return scatter(hostOut, hostIn, opts); });
+    if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return scatter(out, in, opts); })) {
+      return w;
     }
     checkSingle(outputs, op, rank_);
     const DataType dtype = checkTensor(outputs[0], op, rank_);
@@ -259,10 +251,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
                                                            const c10d::AllToAllOptions& opts) {
   return validated(OpKind::kAllToAll, [&]() -> WorkPtr {
     const char* op = "all_to_all_single";
-    if (auto st = stagingFor({output, input}, op)) {
-      at::Tensor hostOut = st->mirror(output, false, true);
-      at::Tensor hostIn = st->mirror(input, true, false);
-      return runStaged(st, [&] { return alltoall_base(hostOut, hostIn, outputSplits, inputSplits, opts); });
+    if (auto w = onMirrors(op, output, input,
+                           [&](auto& out, auto& in) { return alltoall_base(out, in, outputSplits, inputSplits, opts); })) {
+      return w;
     }
     const DataType dtype = checkTensor(input, op, rank_);
     checkTensor(output, op, rank_);
@@ -324,10 +315,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall(std::vector<at::Tensor>& o
                                                       const c10d::AllToAllOptions& opts) {
   return validated(OpKind::kAllToAll, [&]() -> WorkPtr {
     const char* op = "all_to_all";
-    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-      auto hostOut = st->mirror(outputs, false, true);
-      auto hostIn = st->mirror(inputs, true, false);
-      return runStaged(st, [&] { return alltoall(hostOut, hostIn, opts); });
+    if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return alltoall(out, in, opts); })) {
+      return w;
     }
     if (int(inputs.size()) != size_ || int(outputs.size()) != size_) {
       fail(op, rank_, collx::str("needs ", size_, " input and output tensors, got ", inputs.size(), " and ",

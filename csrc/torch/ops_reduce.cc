@@ -139,10 +139,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
                                                             const c10d::ReduceScatterOptions& opts) {
   return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
     const char* op = "reduce_scatter";
-    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-      auto hostOut = st->mirror(outputs, false, true);
-      auto hostIn = st->mirror(inputs, true, false);
-      return runStaged(st, [&] { return reduce_scatter(hostOut, hostIn, opts); });
+    if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return reduce_scatter(out, in, opts); })) {
+      return w;
     }
     checkSingle(outputs, op, rank_);
     const DataType dtype = checkTensor(outputs[0], op, rank_);
@@ -173,10 +171,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
                                                                              const c10d::ReduceScatterOptions& opts) {
   return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
     const char* op = "reduce_scatter_tensor";
-    if (auto st = stagingFor(allOf(outputs, inputs), op)) {
-      auto hostOut = st->mirror(outputs, false, true);
-      auto hostIn = st->mirror(inputs, true, false);
-      return runStaged(st, [&] { return reduce_scatter_tensor_coalesced(hostOut, hostIn, opts); });
+    if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return reduce_scatter_tensor_coalesced(out, in, opts); })) {
+      return w;
     }
     if (outputs.empty() || outputs.size() != inputs.size()) {
       fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
