@@ -59,6 +59,9 @@ def check_all_reduce_matrix(rank, ws, fail):
         # Every rank reduces in ring and direct (tree and star leave it to inner nodes).
         if algo in ("ring", "direct") and stats["device_reductions"] <= 0:
             fail(f"{algo}: the large all_reduce ran no reduction on the GPU: {stats}")
+        # The ring reduces into each rank's own buffer: on the GPU, into the tensor.
+        if algo == "ring" and stats["device_reductions_in_tensor"] <= 0:
+            fail(f"ring: the large all_reduce ran no reduction into its tensor on the GPU: {stats}")
 
 
 def check_noncontiguous_and_coalesced(rank, ws, fail):
@@ -228,6 +231,22 @@ SUITES = {ws: Suite(_suite, ws, timeout=300) for ws in WORLD_SIZES}
 def test_cuda(ws, check):
     SUITES[ws].check(check)
 
+
+# Every reduction on the GPU, whatever its size (counts 1, 7, ...).
+ALL_ON_GPU_CHECKS = [check_all_reduce_matrix, check_moving_collectives]
+
+
+def _all_on_gpu(rank, ws):
+    torch.cuda.set_device(0)
+    return run_checks(ALL_ON_GPU_CHECKS, rank, ws)
+
+
+ALL_ON_GPU = Suite(_all_on_gpu, 2, timeout=300, env={"COLLX_DEVICE_REDUCE_MIN_BYTES": "0"})
+
+
+@pytest.mark.parametrize("check", [c.__name__ for c in ALL_ON_GPU_CHECKS])
+def test_cuda_every_reduction_on_gpu(check):
+    ALL_ON_GPU.check(check)
 
 
 def _split_group(rank, ws):

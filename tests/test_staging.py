@@ -42,6 +42,9 @@ def check_staging_counters(rank, ws, fail):
     stats = torchcollx.get_stats(group)
     if stats["device_reductions"] <= 0:
         fail(f"a 4 MiB all_reduce ran no reduction on the device: {stats}")
+    # An all_reduce's mirror is its input and output: it reduces into the tensor.
+    if stats["device_reductions_in_tensor"] != stats["device_reductions"]:
+        fail(f"a 4 MiB all_reduce reduced into scratch, not into its tensor: {stats}")
     if stats["staged_ops"] != stats["ops"] or stats["ops"] != 2:
         fail(f"expected 2 ops, both staged: {stats}")
     for name, got, count, salt in (("small", small, 100, 0), ("large", large, 1 << 20, 1)):
@@ -98,6 +101,60 @@ def test_staged(check):
     SUITE.check(check)
 
 
+# Every reduction of any size on the "device": the all-reduce matrix (counts
+# 0, 1, 7, ... through the reduction into the tensor; PREMUL_SUM through the
+# one in scratch) and the reduce suite (a root reduces into its tensor,
+# other ranks into private copies).
+ALL_ON_DEVICE_ENV = {**STAGED_ENV, "COLLX_DEVICE_REDUCE_MIN_BYTES": "0"}
+
+
+def check_every_reduction_on_device(rank, ws, fail):
+    group = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm="ring"))
+    t = gen(rank, torch.int32, "SUM", 7)
+    dist.all_reduce(t, group=group)
+    stats = torchcollx.get_stats(group)
+    if stats["device_reductions"] != ws - 1 or stats["device_reductions_in_tensor"] != ws - 1:
+        fail(f"with COLLX_DEVICE_REDUCE_MIN_BYTES=0, a ring all_reduce of 7 elements should reduce {ws - 1} times "
+             f"into its tensor on the device: {stats}")
+    if m := mismatch(t, expected(ws, torch.int32, "SUM", 7), 0, 0):
+        fail(f"all_reduce: {m}")
+    dist.destroy_process_group(group)
+
+
+def _all_on_device(rank, ws):
+    out = test_allreduce._matrix(rank, ws)
+    out.update(run_checks([check_every_reduction_on_device] + test_reduce_ops.SUITE_CHECKS, rank, ws))
+    return out
+
+
+ALL_ON_DEVICE = Suite(_all_on_device, WS, with_gloo=True, timeout=600, env=ALL_ON_DEVICE_ENV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_all_on_device_allreduce_matrix(algo, dtype):
+    ALL_ON_DEVICE.check(f"{algo}/{dtype_name(dtype)}")
+
+
+@pytest.mark.parametrize("check", [c.__name__ for c in [check_every_reduction_on_device] + test_reduce_ops.SUITE_CHECKS])
+def test_all_on_device(check):
+    ALL_ON_DEVICE.check(check)
+
+
+def _device_reductions_off(rank, ws):
+    t = gen(rank, torch.float32, "SUM", 1 << 20)
+    dist.all_reduce(t)
+    stats = torchcollx.get_stats()
+    return stats["staged_ops"], stats["device_reductions"], mismatch(t, expected(ws, torch.float32, "SUM", 1 << 20),
+                                                                     1e-5, 1e-5)
+
+
+def test_device_reductions_off():
+    env = {**STAGED_ENV, "COLLX_DEVICE_REDUCE_MIN_BYTES": "off"}
+    for staged, reductions, m in run_ranks(_device_reductions_off, 2, timeout=60, env=env):
+        assert (staged, reductions, m) == (1, 0, None)
+
+
 def _unstaged_counters(rank, ws):
     t = torch.ones(1 << 20)
     dist.all_reduce(t)
@@ -117,3 +174,9 @@ def _init_only(rank, ws):
 def test_bad_stage_value_is_a_clear_error():
     with pytest.raises(AssertionError, match="COLLX_STAGE_CPU_TENSORS='?yes'? must be 0 or 1"):
         run_ranks(_init_only, 2, timeout=60, env={"COLLX_STAGE_CPU_TENSORS": "yes"})
+
+
+@pytest.mark.parametrize("value", ["-1", "64k", ""])
+def test_bad_device_reduce_min_bytes_is_a_clear_error(value):
+    with pytest.raises(AssertionError, match="COLLX_DEVICE_REDUCE_MIN_BYTES=.* must be a byte count or off"):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_DEVICE_REDUCE_MIN_BYTES": value})

@@ -76,6 +76,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       if (staging) {
         ++stats_.stagedOps;
         stats_.deviceReductions += staging->deviceReductions();
+        stats_.inTensorReductions += staging->inTensorReductions();
       }
       auto& s = stats_.perAlgorithm[label];
       ++s.calls;
@@ -95,7 +96,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
 
 std::shared_ptr<Staging> CollxBackend::stagingFor(const std::vector<at::Tensor>& tensors, const char* op) {
   if (Staging::current()) return nullptr;  // already running on the mirrors
-  return Staging::create(tensors, config_.stageCpuTensors, op, rank_);
+  return Staging::create(tensors, config_.stageCpuTensors, config_.deviceReduceMinBytes, op, rank_);
 }
 
 void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {

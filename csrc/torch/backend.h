@@ -28,6 +28,7 @@ struct Config {
   std::string ifname;
   int family = AF_UNSPEC;
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
+  size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
 };
 
 struct OpStats {
@@ -41,6 +42,7 @@ struct Stats {
   uint64_t bytesReceived = 0;
   uint64_t stagedOps = 0;         // ops on device tensors, run through host mirrors
   uint64_t deviceReductions = 0;  // reductions of those ops that ran on the device
+  uint64_t inTensorReductions = 0;  // those of them that reduced into the user's tensor
   std::map<std::string, OpStats> perAlgorithm;  // "all_reduce/ring", "broadcast/tree", ...
 };
 

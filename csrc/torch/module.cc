@@ -14,6 +14,26 @@ using collx::torch_glue::CollxBackend;
 
 namespace {
 
+// COLLX_DEVICE_REDUCE_MIN_BYTES: a byte count, or "off" for no reductions on
+// the device.
+size_t deviceReduceMinBytes() {
+  const char* v = std::getenv("COLLX_DEVICE_REDUCE_MIN_BYTES");
+  if (!v) return collx::torch_glue::kDeviceReduceMinBytes;
+  const std::string value(v);
+  if (value == "off") return SIZE_MAX;
+  size_t used = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || value[0] == '-') {
+    throw py::value_error("collx: COLLX_DEVICE_REDUCE_MIN_BYTES=" + value + " must be a byte count or off");
+  }
+  return size_t(n);
+}
+
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                 int size, double timeoutSeconds, const std::string& algorithm,
                                                 int treeArity, int64_t segmentBytes, const std::string& ifname,
@@ -37,6 +57,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     }
     config.stageCpuTensors = value == "1";
   }
+  config.deviceReduceMinBytes = deviceReduceMinBytes();
   auto timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
   py::gil_scoped_release release;  // the rendezvous blocks on the Store and the peers
   return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config));
@@ -57,6 +78,7 @@ py::dict statsOf(const CollxBackend& b) {
   out["bytes_received"] = s.bytesReceived;
   out["staged_ops"] = s.stagedOps;
   out["device_reductions"] = s.deviceReductions;
+  out["device_reductions_in_tensor"] = s.inTensorReductions;
   out["algorithms"] = algos;
   return out;
 }

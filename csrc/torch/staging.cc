@@ -45,6 +45,16 @@ class HostStaging final : public Staging {
     cpuReduceFn(dtype, op)(scratch_.data(), scratch_.data() + bytes, count);
     std::memcpy(dst, scratch_.data(), bytes);
   }
+  // The "device" tensor is the user's own CPU tensor, apart from the mirror:
+  // had the mirror's dst drifted from it, the result would be wrong.
+  void reduceIntoTensor(DataType dtype, ReduceOp op, void* tensor, void* dst, const void* src,
+                        size_t count) override {
+    const size_t bytes = count * elementSize(dtype);
+    scratch_.resize(bytes);
+    std::memcpy(scratch_.data(), src, bytes);
+    cpuReduceFn(dtype, op)(tensor, scratch_.data(), count);
+    std::memcpy(dst, tensor, bytes);
+  }
 
  private:
   std::vector<char> scratch_;
@@ -52,8 +62,15 @@ class HostStaging final : public Staging {
 
 }  // namespace
 
-std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors, bool stageCpu, const char* op,
-                                         int rank) {
+std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors, bool stageCpu,
+                                         size_t deviceReduceMinBytes, const char* op, int rank) {
+  std::shared_ptr<Staging> s = createFor(tensors, stageCpu, op, rank);
+  if (s) s->deviceReduceMinBytes_ = deviceReduceMinBytes;
+  return s;
+}
+
+std::shared_ptr<Staging> Staging::createFor(const std::vector<at::Tensor>& tensors, bool stageCpu, const char* op,
+                                            int rank) {
   const at::Tensor* first = nullptr;
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
@@ -166,14 +183,32 @@ void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, s
   synchronize();
 }
 
-ReduceFn Staging::reduceFn(DataType dtype, ReduceOp op) {
+ReduceFn Staging::reduceFn(DataType dtype, ReduceOp op, bool intoTensor) {
   ReduceFn host = cpuReduceFn(dtype, op);  // also rejects meaningless pairs up front
   const size_t esize = elementSize(dtype);
-  return [this, host, dtype, op, esize](void* dst, const void* src, size_t count) {
-    if (count * esize < kDeviceReduceMinBytes) return host(dst, src, count);
-    reduceOnDevice(dtype, op, dst, src, count);
+  return [this, host, dtype, op, esize, intoTensor](void* dst, const void* src, size_t count) {
+    const size_t bytes = count * esize;
+    if (bytes == 0 || bytes < deviceReduceMinBytes_) return host(dst, src, count);
+    if (void* tensor = intoTensor ? tensorAddressOf(dst, bytes) : nullptr) {
+      reduceIntoTensor(dtype, op, tensor, dst, src, count);
+      inTensorReductions_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      reduceOnDevice(dtype, op, dst, src, count);
+    }
     deviceReductions_.fetch_add(1, std::memory_order_relaxed);
   };
+}
+
+void* Staging::tensorAddressOf(const void* host, size_t bytes) const {
+  const char* p = static_cast<const char*>(host);
+  for (const auto& m : mirrors_) {
+    if (!m.in || !m.out || !m.device.is_contiguous()) continue;
+    const char* base = static_cast<const char*>(m.host.data_ptr());
+    if (p >= base && p + bytes <= base + m.host.nbytes()) {
+      return static_cast<char*>(m.device.data_ptr()) + (p - base);
+    }
+  }
+  return nullptr;
 }
 
 const std::shared_ptr<Staging>& Staging::current() { return tlsCurrent; }

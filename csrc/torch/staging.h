@@ -7,14 +7,28 @@
 //   record an event on the caller's   wait for that event
 //   current stream                    D2H the inputs into their mirrors, sync
 //                                     run the CPU op on the mirrors; every
-//                                     reduction of >= kDeviceReduceMinBytes
-//                                     runs on the GPU: H2D dst and src into
-//                                     device scratch, kernel, D2H dst
+//                                     reduction of >= deviceReduceMinBytes
+//                                     runs on the GPU (below)
 //                                     H2D the outputs into the user's tensors,
 //                                     sync; complete the Work and the Future
 //
+// A reduction on the GPU, dst = op(dst, src) for host dst and src:
+//   - dst in the mirror of a tensor that is the op's input and output (an
+//     all-reduce, a reduce's root): H2D src into device scratch, the kernel
+//     reduces into the tensor itself, D2H the result into dst: one copy
+//     less. The tensor holds dst's values: it was copied in, and until its
+//     last reduction into those bytes an op writes them only by reductions
+//     (the algorithms' receives into their buffer, as in a ring's
+//     all-gather, come after). PREMUL_SUM's pre-scale writes the mirror
+//     first, so that op asks for reduceFn(..., intoTensor=false).
+//   - otherwise: H2D dst and src into device scratch, kernel, D2H dst.
+//
 // The Work finishes only after the op stream has synchronized, so wait() and
-// the Future's callbacks see finished data on any stream.
+// the Future's callbacks see finished data on any stream. wait() blocks the
+// host until then, as gloo's does: letting the caller's stream wait instead
+// would need a GPU-side wait on a host flag (cuStreamWaitValue32), which
+// CUDA warns may deadlock when the scheduler serializes the streams, since
+// the op's own copies are ordered behind it only through the host.
 //
 // A large all-reduce of one tensor is pipelined by chunk instead: every
 // chunk's D2H is queued at once, and chunk i's collective starts when its
@@ -39,8 +53,8 @@
 
 namespace collx::torch_glue {
 
-// Smaller reductions stay on the CPU: three PCIe copies and a stream sync
-// cost more than reducing a few KiB on the host.
+// Default of COLLX_DEVICE_REDUCE_MIN_BYTES. Smaller reductions stay on the
+// CPU: PCIe copies and a stream sync cost more than reducing a few KiB there.
 constexpr size_t kDeviceReduceMinBytes = 64 << 10;
 // Pipelined all-reduce: chunks of this many bytes, for tensors of >= 2 chunks.
 constexpr size_t kPipelineChunkBytes = 4 << 20;
@@ -51,8 +65,10 @@ class Staging {
   // they are CPU tensors and `stageCpu` is off. Raises DistBackendError for
   // mixed devices, an unsupported device, or CUDA tensors in a build without
   // CUDA.
-  static std::shared_ptr<Staging> create(const std::vector<at::Tensor>& tensors, bool stageCpu, const char* op,
-                                         int rank);
+  // Reductions of >= `deviceReduceMinBytes` run on the device.
+  static std::shared_ptr<Staging> create(const std::vector<at::Tensor>& tensors, bool stageCpu,
+                                         size_t deviceReduceMinBytes, const char* op, int rank);
+
   virtual ~Staging() = default;
 
   // A host tensor standing in for `device`: filled from it before the op
@@ -84,8 +100,12 @@ class Staging {
   void pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run);
 
   // A reduction that runs large calls on the device (see above).
-  ReduceFn reduceFn(DataType dtype, ReduceOp op);
+  // `intoTensor`: the op writes no bytes of its in-out mirrors other than by
+  // this reduction before it last reduces into them, so a reduction into
+  // one may reduce into the tensor itself.
+  ReduceFn reduceFn(DataType dtype, ReduceOp op, bool intoTensor);
   uint64_t deviceReductions() const { return deviceReductions_.load(); }
+  uint64_t inTensorReductions() const { return inTensorReductions_.load(); }
 
   // The staging of the op being built in this thread, set by Scope around
   // the CPU op: resolveOp takes its reduceFn, enqueue wraps the op with it.
@@ -111,15 +131,28 @@ class Staging {
   virtual void synchronize() = 0;
   // dst = op(dst, src) for host dst and src, computed on the device.
   virtual void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) = 0;
+  // tensor = op(tensor, src) on the device for a device `tensor` and host
+  // `src`, then dst = tensor for host dst.
+  virtual void reduceIntoTensor(DataType dtype, ReduceOp op, void* tensor, void* dst, const void* src,
+                                size_t count) = 0;
 
  private:
+  static std::shared_ptr<Staging> createFor(const std::vector<at::Tensor>& tensors, bool stageCpu, const char* op,
+                                            int rank);
+
   struct Mirror {
     at::Tensor device, host;
     bool in, out;
     bool pipelined = false;
   };
+  // Where [host, host + bytes) of an in-out mirror lies in its device
+  // tensor, or null.
+  void* tensorAddressOf(const void* host, size_t bytes) const;
+
+  size_t deviceReduceMinBytes_ = kDeviceReduceMinBytes;
   std::vector<Mirror> mirrors_;
   std::atomic<uint64_t> deviceReductions_{0};
+  std::atomic<uint64_t> inTensorReductions_{0};
 };
 
 }  // namespace collx::torch_glue

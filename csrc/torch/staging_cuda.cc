@@ -77,17 +77,27 @@ class CudaStaging final : public Staging {
   void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
     c10::cuda::CUDAStreamGuard guard(reduceStream_);
     const size_t bytes = count * elementSize(dtype);
-    if (!scratch_.defined() || size_t(scratch_.nbytes()) < 2 * bytes) {
-      scratch_ = at::empty({int64_t(2 * bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
-    }
-    char* a = static_cast<char*>(scratch_.data_ptr());
+    char* a = scratch(2 * bytes);
     char* b = a + bytes;
     cudaStream_t s = reduceStream_.stream();
     check(cudaMemcpyAsync(a, dst, bytes, cudaMemcpyHostToDevice, s), "copy to device");
     check(cudaMemcpyAsync(b, src, bytes, cudaMemcpyHostToDevice, s), "copy to device");
-    int err = cuda::reduce(dtype, op, a, b, count, 1.0, reinterpret_cast<cuda::Stream>(s));
-    check(cudaError_t(err), "reduce kernel launch");
+    check(cudaError_t(cuda::reduce(dtype, op, a, b, count, 1.0, reinterpret_cast<cuda::Stream>(s))),
+          "reduce kernel launch");
     check(cudaMemcpyAsync(dst, a, bytes, cudaMemcpyDeviceToHost, s), "copy to host");
+    check(cudaStreamSynchronize(s), "stream synchronize");
+  }
+
+  void reduceIntoTensor(DataType dtype, ReduceOp op, void* tensor, void* dst, const void* src,
+                        size_t count) override {
+    c10::cuda::CUDAStreamGuard guard(reduceStream_);
+    const size_t bytes = count * elementSize(dtype);
+    char* b = scratch(bytes);
+    cudaStream_t s = reduceStream_.stream();
+    check(cudaMemcpyAsync(b, src, bytes, cudaMemcpyHostToDevice, s), "copy to device");
+    check(cudaError_t(cuda::reduce(dtype, op, tensor, b, count, 1.0, reinterpret_cast<cuda::Stream>(s))),
+          "reduce kernel launch");
+    check(cudaMemcpyAsync(dst, tensor, bytes, cudaMemcpyDeviceToHost, s), "copy to host");
     check(cudaStreamSynchronize(s), "stream synchronize");
   }
 
@@ -98,6 +108,13 @@ class CudaStaging final : public Staging {
   cudaEvent_t ready_ = nullptr;  // recorded on the caller's stream at enqueue
   std::vector<cudaEvent_t> marks_;  // of copyAndMark
   at::Tensor scratch_;  // allocated on reduceStream_, reused for the op's reductions
+
+  char* scratch(size_t bytes) {
+    if (!scratch_.defined() || size_t(scratch_.nbytes()) < bytes) {
+      scratch_ = at::empty({int64_t(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
+    }
+    return static_cast<char*>(scratch_.data_ptr());
+  }
 };
 
 }  // namespace

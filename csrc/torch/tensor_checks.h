@@ -86,8 +86,10 @@ inline ResolvedOp resolveOp(const c10d::ReduceOp& op, DataType dtype, const char
     fail(name, rank, collx::str("bitwise reduce op ", collx::name(core), " needs an integer or bool tensor, got ",
                          collx::name(dtype)));
   }
-  // Under a device staging, large reductions run on the device.
-  r.fn = Staging::current() ? Staging::current()->reduceFn(dtype, core) : cpuReduceFn(dtype, core);
+  // Under a device staging, large reductions run on the device; the
+  // pre-scale writes the buffer before them (staging.h).
+  r.fn = Staging::current() ? Staging::current()->reduceFn(dtype, core, /*intoTensor=*/!r.premul)
+                            : cpuReduceFn(dtype, core);
   return r;
 }
 

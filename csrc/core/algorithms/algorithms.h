@@ -15,6 +15,11 @@ const char* name(Algorithm a);
 Algorithm parseAlgorithm(const char* s);  // throws Error on an unknown name
 
 // In-place all-reduce of `count` elements of c.dtype at `buf`.
+//
+// The reducing algorithms (these, reduce at its root) keep one promise that
+// the device path relies on (torch glue, staging.h): until its last call of
+// fn(dst, ...) with dst in some bytes of `buf`, an algorithm writes those
+// bytes only through fn. Receives into buf and copies into it come after.
 void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);

@@ -60,9 +60,11 @@ void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) 
     recvs.push_back({peer, slot(peer), bytes, c.frame(0)});
   }
   exchange(c, sends, recvs);
-  std::memcpy(slot(rank), buf, bytes);
-  std::memcpy(buf, slot(0), bytes);
-  for (int r = 1; r < n; ++r) fn(buf, slot(r), count);
+  // Rank 0 folds into buf; the others into slot 0, copied to buf at the end,
+  // so buf is written only by fn until its last reduction (algorithms.h).
+  char* acc = rank == 0 ? static_cast<char*>(buf) : slot(0);
+  for (int r = 1; r < n; ++r) fn(acc, r == rank ? buf : slot(r), count);
+  if (rank != 0) std::memcpy(buf, acc, bytes);
 }
 
 }  // namespace collx
