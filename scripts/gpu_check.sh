@@ -4,7 +4,8 @@
 # Builds collx there with its CUDA kernels, runs the kernel tests (CPU and
 # CUDA twins), the kernel benchmark, the CUDA-tensor tests (2 and 4 ranks on
 # one GPU), and the all-reduce benchmark on CUDA and on CPU tensors, collx
-# beside gloo. Writes logs, JSON and figures into OUTDIR (about 6 minutes).
+# beside gloo (and on CUDA with reductions on the host). Writes logs, JSON and
+# figures into OUTDIR (about 6 minutes).
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -29,14 +30,18 @@ run() {  # name, timeout, command...
 }
 run test_kernels 120 $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider
 run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
-run test_cuda 240 $PY -m pytest tests/test_cuda.py -q -p no:cacheprovider
+run test_cuda 300 $PY -m pytest tests/test_cuda.py -q -p no:cacheprovider
 # Issue 4's targets: CUDA tensors vs gloo on the same CUDA tensors, and vs
 # collx's own CPU-tensor busbw on this machine; 4 ranks share cuda:0.
-bench() {  # name, device
+bench() {  # name, device, sizes
   run "$1" 150 $PY -m torch.distributed.run --nproc_per_node=4 benchmarks/allreduce.py --device "$2" \
-    --algos ring,auto --sizes 4,64K,1M,16M,64M --time-per-point 0.3 --no-loopback --plot "$OUT/$1.png" \
+    --algos ring,auto --sizes "$3" --time-per-point 0.3 --no-loopback --plot "$OUT/$1.png" \
     --json "$OUT/$1.json"
 }
-bench bench_allreduce_cuda_n4 cuda
-bench bench_allreduce_cpu_n4 cpu
-cat "$OUT/bench_kernels.txt" "$OUT/bench_allreduce_cuda_n4.txt" "$OUT/bench_allreduce_cpu_n4.txt" >> "$OUT/summary.txt"
+bench bench_allreduce_cuda_n4 cuda 4,64K,1M,16M,64M
+bench bench_allreduce_cpu_n4 cpu 4,64K,1M,16M,64M
+# The same CUDA tensors with every reduction on the host, to tune
+# COLLX_DEVICE_REDUCE_MIN_BYTES: 4 ranks share one GPU's PCIe link, and a
+# reduction on the GPU moves 2 buffers across it where the host moves none.
+COLLX_DEVICE_REDUCE_MIN_BYTES=off bench bench_allreduce_cuda_n4_host_reduce cuda 1M,16M,64M
+cat "$OUT"/bench_kernels.txt "$OUT"/bench_allreduce_*.txt >> "$OUT/summary.txt"
