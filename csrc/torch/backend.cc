@@ -3,6 +3,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "core/algorithms/tuning.h"
@@ -11,6 +13,14 @@
 #include "work.h"
 
 namespace collx::torch_glue {
+
+namespace {
+std::string millis(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", ms);
+  return buf;
+}
+}  // namespace
 
 CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                            std::chrono::milliseconds timeout, Config config)
@@ -21,12 +31,28 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
       p2pReceived_(size, 0) {
   StoreAdapter adapter(store);
   tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout};
+  const auto start = Clock::now();
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
+  if (logs(LogLevel::kInfo)) {
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const std::vector<int> h = hosts();
+    const auto local = std::count(h.begin(), h.end(), h[rank]);
+    log(LogLevel::kInfo,
+        collx::str("mesh of ", size, " ranks ready in ", millis(ms), " ms, listening on ", device_->address(), "; ",
+                   *std::max_element(h.begin(), h.end()) + 1, " host(s), ", local, " rank(s) on this one; algorithm ",
+                   name(config_.algorithm), ", tree arity ", config_.treeArity, ", segment ", config_.segmentBytes,
+                   " B, device reductions from ", config_.deviceReduceMinBytes, " B"));
+  }
 }
 
 CollxBackend::~CollxBackend() { shutdown(); }
 
 void CollxBackend::shutdown() {
+  if (!shutDown_.exchange(true) && logs(LogLevel::kInfo)) {
+    const Stats s = stats();
+    log(LogLevel::kInfo, collx::str("shutting down after ", s.ops, " ops (sent ", s.bytesSent, " B, received ",
+                                    s.bytesReceived, " B)"));
+  }
   // An op still in flight is failed, not waited for: its peers may be gone.
   device_->interrupt();
   {
@@ -61,7 +87,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
                       name(dtype), ") failed on rank ", rank_, ": ");
   };
   Executor::Task task;
-  task.run = [this, work, kind, dtype, seq, timeout, body = std::move(body), describe, staging] {
+  task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging] {
     Collective c{*device_, kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
                  workspace_};
     std::exception_ptr error;
@@ -81,12 +107,21 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       auto& s = stats_.perAlgorithm[label];
       ++s.calls;
       s.seconds += secs;
+      if (logs(LogLevel::kTrace)) {
+        log(LogLevel::kTrace, collx::str(name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
+                                         name(dtype), "): ", label, staging ? " staged" : "", ", ",
+                                         millis(secs * 1e3), " ms"));
+      }
     } catch (const std::exception& e) {
       error = distError(describe() + e.what());
+      if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + e.what());
     }
     work->complete(error);
   };
-  task.cancel = [work, describe](const std::string& why) { work->complete(distError(describe() + why)); };
+  task.cancel = [this, work, describe](const std::string& why) {
+    if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + why);
+    work->complete(distError(describe() + why));
+  };
   asDistError(name(kind), rank_, [&] {
     work->attach(executor_, executor_->submit(std::move(task)));
     return 0;
@@ -103,6 +138,7 @@ void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {
   auto* ce = dynamic_cast<const c10::Error*>(&e);
   std::string why = ce ? ce->what_without_backtrace() : e.what();
   const uint64_t seq = ++seq_;
+  if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, collx::str(name(kind), " #", seq, " rejected: ", why));
   Executor::Task task;
   // In order with the other ops: peers see the cancel where #seq would be.
   // A failure here is sticky in the device and reported by the next op.

@@ -14,6 +14,7 @@
 #include "core/algorithms/algorithms.h"
 #include "core/executor.h"
 #include "core/transport/tcp/device.h"
+#include "log.h"
 #include "staging.h"
 
 namespace collx::torch_glue {
@@ -29,6 +30,7 @@ struct Config {
   int family = AF_UNSPEC;
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
   size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
+  LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
 };
 
 struct OpStats {
@@ -141,6 +143,9 @@ class CollxBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> validated(OpKind kind, Fn&& fn);
   void cancelRejected(OpKind kind, const std::exception& e);
 
+  bool logs(LogLevel level) const { return config_.logLevel >= level; }
+  void log(LogLevel level, const std::string& message) const { logLine(level, rank_, size_, message); }
+
   // Queues a collective (numbered in the group's sequence) or a p2p op.
   c10::intrusive_ptr<CollxWork> enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
@@ -178,6 +183,7 @@ class CollxBackend : public c10d::Backend {
   const Config config_;
   const std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Device> device_;
+  std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> seq_{0};
   Workspace workspace_;  // the algorithms' scratch; one op runs at a time
   Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)

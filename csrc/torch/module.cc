@@ -58,6 +58,11 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     config.stageCpuTensors = value == "1";
   }
   config.deviceReduceMinBytes = deviceReduceMinBytes();
+  try {
+    config.logLevel = collx::torch_glue::parseLogLevel(std::getenv("COLLX_DEBUG") ? std::getenv("COLLX_DEBUG") : "");
+  } catch (const collx::Error& e) {
+    throw py::value_error(e.what());
+  }
   auto timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
   py::gil_scoped_release release;  // the rendezvous blocks on the Store and the peers
   return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config));

@@ -31,6 +31,7 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     : rank_(rank), size_(size), pairs_(size) {
   Mesh mesh = connectMesh(store, rank, size, options.ifname, options.family, options.timeout);
   hosts_ = mesh.hosts;
+  address_ = mesh.address;
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]), &cancelled_);
   }

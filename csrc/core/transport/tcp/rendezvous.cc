@@ -123,7 +123,8 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
 
   Address self = chooseAddress(ifname, family);
   Socket listener = listenOn(self);
-  store.set(prefix + "addr/" + std::to_string(rank), bytesOf(self.str()));
+  mesh.address = self.str();
+  store.set(prefix + "addr/" + std::to_string(rank), bytesOf(mesh.address));
 
   std::vector<Address> addrs(size);
   std::vector<std::string> hostNames;  // by host index

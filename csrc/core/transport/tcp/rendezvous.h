@@ -27,6 +27,7 @@ namespace collx::tcp {
 struct Mesh {
   std::vector<Socket> sockets;  // one per peer; invalid at index `rank`
   std::vector<int> hosts;       // host index per rank: equal published host address, equal index
+  std::string address;          // the "host:port" this rank published (empty for a group of 1)
   int localRanks = 1;           // ranks (this one included) publishing this host address
 };
 
