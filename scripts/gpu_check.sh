@@ -13,11 +13,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export MAX_JOBS=16 TORCH_CUDA_ARCH_LIST=9.0 PYTHONPATH=$PWD
 # The device tool returns at most 8 files: everything is written to W, and
-# OUTDIR gets summary.txt plus all of W as gpu_check.tar.gz, even when cut short.
+# OUTDIR gets summary.txt plus all of W as gpu_check.tar.gz, packed after
+# every step, so a run cut short still returns what it did.
 W=$(mktemp -d)
 pack() { cp "$W/summary.txt" "$OUT/" 2>/dev/null; tar czf "$OUT/gpu_check.tar.gz" -C "$W" .; }
 trap pack EXIT
-trap 'exit 143' TERM INT
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
@@ -35,6 +35,7 @@ run() {  # name, timeout, command...: a failure's last lines go into the summary
   rc=$?
   echo "rc=$rc $(tail -1 "$W/$name.txt")" | tee -a "$W/summary.txt"
   [ $rc = 0 ] || tail -60 "$W/$name.txt" >> "$W/summary.txt"
+  pack
 }
 run test_kernels 120 $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider
 run bench_kernels 120 $PY benchmarks/kernels.py --mb 256

@@ -67,10 +67,11 @@ def test_warn_logs_only_failures():
         assert any("rejected" in line for line in lines), lines
 
 
-def test_off_by_default():
-    assert _lines(None) == [[], []]
+@pytest.mark.parametrize("level", [None, "off"])
+def test_off_by_default(level):
+    assert _lines(level) == [[], []]
 
 
 def test_bad_value_is_a_clear_error():
-    with pytest.raises(AssertionError, match="COLLX_DEBUG=verbose must be WARN, INFO or TRACE"):
+    with pytest.raises(AssertionError, match="COLLX_DEBUG=verbose must be WARN, INFO, TRACE or OFF"):
         _lines("verbose")

@@ -22,7 +22,7 @@ import test_allreduce  # noqa: E402
 import test_gather_ops  # noqa: E402
 import test_p2p  # noqa: E402
 import test_reduce_ops  # noqa: E402
-from common import ALGORITHMS, DTYPES, Suite, dtype_name, expected, gen, mismatch, run_checks  # noqa: E402
+from common import ALGORITHMS, DTYPES, Suite, dtype_name, expected, gen, mismatch, reduce_op, run_checks  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 STAGED_ENV = {"COLLX_STAGE_CPU_TENSORS": "1"}
@@ -102,28 +102,51 @@ def test_staged(check):
 
 
 # Every reduction of any size on the "device": the all-reduce matrix (counts
-# 0, 1, 7, ... through the reduction into the tensor; PREMUL_SUM through the
-# one in scratch) and the reduce suite (a root reduces into its tensor,
-# other ranks into private copies).
+# 0, 1, 7, ...) and the reduce suite, where each reduction goes into the
+# user's tensor or into device scratch, as check_where_reductions_go expects.
 ALL_ON_DEVICE_ENV = {**STAGED_ENV, "COLLX_DEVICE_REDUCE_MIN_BYTES": "0"}
 
 
-def check_every_reduction_on_device(rank, ws, fail):
-    group = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm="ring"))
-    t = gen(rank, torch.int32, "SUM", 7)
-    dist.all_reduce(t, group=group)
-    stats = torchcollx.get_stats(group)
-    if stats["device_reductions"] != ws - 1 or stats["device_reductions_in_tensor"] != ws - 1:
-        fail(f"with COLLX_DEVICE_REDUCE_MIN_BYTES=0, a ring all_reduce of 7 elements should reduce {ws - 1} times "
-             f"into its tensor on the device: {stats}")
-    if m := mismatch(t, expected(ws, torch.int32, "SUM", 7), 0, 0):
-        fail(f"all_reduce: {m}")
-    dist.destroy_process_group(group)
+def check_where_reductions_go(rank, ws, fail):
+    def reductions(algo, run):
+        group = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=algo))
+        run(group)
+        stats = torchcollx.get_stats(group)
+        dist.destroy_process_group(group)
+        return stats["device_reductions"], stats["device_reductions_in_tensor"]
+
+    def all_reduce(op, out):
+        def run(group):
+            t = gen(rank, torch.float32, op, 7)
+            dist.all_reduce(t, op=reduce_op(op), group=group)
+            out.append(mismatch(t, expected(ws, torch.float32, op, 7), 1e-6, 1e-6))
+        return run
+
+    results = []
+    # The ring reduces ws-1 times into each rank's buffer: into the tensor.
+    if (got := reductions("ring", all_reduce("SUM", results))) != (ws - 1, ws - 1):
+        fail(f"ring SUM of 7 elements: (device, in tensor) reductions {got}, expected {(ws - 1, ws - 1)}")
+    # PREMUL_SUM's pre-scale writes the mirror first: into scratch.
+    if (got := reductions("ring", all_reduce("PREMUL_SUM", results))) != (ws - 1, 0):
+        fail(f"ring PREMUL_SUM: (device, in tensor) reductions {got}, expected {(ws - 1, 0)}")
+    # A leader of hier writes its buffer before reducing into it: never into the tensor.
+    got = reductions("hier", all_reduce("SUM", results))
+    if got[1] != 0 or (rank == 0 and got[0] == 0):
+        fail(f"hier SUM: (device, in tensor) reductions {got}, expected none into the tensor")
+    # reduce: the root reduces into its tensor, the others (if at all) into private copies.
+    t = gen(rank, torch.float32, "SUM", 7)
+    got = reductions("auto", lambda group: dist.reduce(t, dst=0, group=group))
+    if (rank == 0 and (got[0] == 0 or got[1] != got[0])) or (rank != 0 and got[1] != 0):
+        fail(f"reduce to rank 0: (device, in tensor) reductions {got} on rank {rank}")
+    if rank == 0:
+        results.append(mismatch(t, expected(ws, torch.float32, "SUM", 7), 1e-6, 1e-6))
+    for m in filter(None, results):
+        fail(f"wrong result: {m}")
 
 
 def _all_on_device(rank, ws):
     out = test_allreduce._matrix(rank, ws)
-    out.update(run_checks([check_every_reduction_on_device] + test_reduce_ops.SUITE_CHECKS, rank, ws))
+    out.update(run_checks([check_where_reductions_go] + test_reduce_ops.SUITE_CHECKS, rank, ws))
     return out
 
 
@@ -136,7 +159,7 @@ def test_all_on_device_allreduce_matrix(algo, dtype):
     ALL_ON_DEVICE.check(f"{algo}/{dtype_name(dtype)}")
 
 
-@pytest.mark.parametrize("check", [c.__name__ for c in [check_every_reduction_on_device] + test_reduce_ops.SUITE_CHECKS])
+@pytest.mark.parametrize("check", [c.__name__ for c in [check_where_reductions_go] + test_reduce_ops.SUITE_CHECKS])
 def test_all_on_device(check):
     ALL_ON_DEVICE.check(check)
 
@@ -176,7 +199,7 @@ def test_bad_stage_value_is_a_clear_error():
         run_ranks(_init_only, 2, timeout=60, env={"COLLX_STAGE_CPU_TENSORS": "yes"})
 
 
-@pytest.mark.parametrize("value", ["-1", "64k", ""])
+@pytest.mark.parametrize("value", ["-1", "64k", "", " 5", "+5"])
 def test_bad_device_reduce_min_bytes_is_a_clear_error(value):
     with pytest.raises(AssertionError, match="COLLX_DEVICE_REDUCE_MIN_BYTES=.* must be a byte count or off"):
         run_ranks(_init_only, 2, timeout=60, env={"COLLX_DEVICE_REDUCE_MIN_BYTES": value})

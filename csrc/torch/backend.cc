@@ -41,7 +41,9 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
         collx::str("mesh of ", size, " ranks ready in ", millis(ms), " ms, listening on ", device_->address(), "; ",
                    *std::max_element(h.begin(), h.end()) + 1, " host(s), ", local, " rank(s) on this one; algorithm ",
                    name(config_.algorithm), ", tree arity ", config_.treeArity, ", segment ", config_.segmentBytes,
-                   " B, device reductions from ", config_.deviceReduceMinBytes, " B"));
+                   " B, device reductions ",
+                   config_.deviceReduceMinBytes == SIZE_MAX ? std::string("off")
+                                                            : collx::str("from ", config_.deviceReduceMinBytes, " B")));
   }
 }
 
@@ -96,17 +98,19 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       if (staging) staging->copyIn();
       std::string label = body(c);
       if (staging) staging->copyOut();
-      double secs = std::chrono::duration<double>(Clock::now() - start).count();
-      std::lock_guard<std::mutex> lock(statsMutex_);
-      ++stats_.ops;
-      if (staging) {
-        ++stats_.stagedOps;
-        stats_.deviceReductions += staging->deviceReductions();
-        stats_.inTensorReductions += staging->inTensorReductions();
+      const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+      {
+        std::lock_guard<std::mutex> lock(statsMutex_);
+        ++stats_.ops;
+        if (staging) {
+          ++stats_.stagedOps;
+          stats_.deviceReductions += staging->deviceReductions();
+          stats_.inTensorReductions += staging->inTensorReductions();
+        }
+        auto& s = stats_.perAlgorithm[label];
+        ++s.calls;
+        s.seconds += secs;
       }
-      auto& s = stats_.perAlgorithm[label];
-      ++s.calls;
-      s.seconds += secs;
       if (logs(LogLevel::kTrace)) {
         log(LogLevel::kTrace, collx::str(name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
                                          name(dtype), "): ", label, staging ? " staged" : "", ", ",

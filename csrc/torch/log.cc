@@ -18,11 +18,11 @@ constexpr const char* kNames[] = {"OFF", "WARN", "INFO", "TRACE"};
 LogLevel parseLogLevel(const std::string& value) {
   std::string upper(value);
   std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
-  if (upper.empty()) return LogLevel::kOff;
+  if (upper.empty() || upper == "OFF") return LogLevel::kOff;
   for (int i = 1; i <= int(LogLevel::kTrace); ++i) {
     if (upper == kNames[i]) return LogLevel(i);
   }
-  throw Error(collx::str("collx: COLLX_DEBUG=", value, " must be WARN, INFO or TRACE (or unset)"));
+  throw Error(collx::str("collx: COLLX_DEBUG=", value, " must be WARN, INFO, TRACE or OFF"));
 }
 
 void logLine(LogLevel level, int rank, int size, const std::string& message) {

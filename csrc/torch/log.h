@@ -10,7 +10,7 @@ namespace collx::torch_glue {
 
 enum class LogLevel { kOff = 0, kWarn, kInfo, kTrace };
 
-// "" is off; WARN, INFO and TRACE in any case. Throws Error otherwise.
+// "" and OFF are off; WARN, INFO and TRACE; in any case. Throws Error otherwise.
 LogLevel parseLogLevel(const std::string& value);
 
 void logLine(LogLevel level, int rank, int size, const std::string& message);

@@ -2,6 +2,8 @@
 // Registration with torch.distributed happens in torchcollx/__init__.py.
 #include <torch/python.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include "backend.h"
@@ -21,17 +23,10 @@ size_t deviceReduceMinBytes() {
   if (!v) return collx::torch_glue::kDeviceReduceMinBytes;
   const std::string value(v);
   if (value == "off") return SIZE_MAX;
-  size_t used = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size() || value[0] == '-') {
-    throw py::value_error("collx: COLLX_DEVICE_REDUCE_MIN_BYTES=" + value + " must be a byte count or off");
-  }
-  return size_t(n);
+  const bool digits = !value.empty() && value.size() <= 18 &&
+                      std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isdigit(c); });
+  if (!digits) throw py::value_error("collx: COLLX_DEVICE_REDUCE_MIN_BYTES=" + value + " must be a byte count or off");
+  return size_t(std::stoull(value));
 }
 
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,

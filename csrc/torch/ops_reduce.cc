@@ -23,7 +23,14 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
                                                            const c10d::ReduceOp& op, Algorithm algo,
                                                            std::chrono::milliseconds timeout) {
   const DataType dtype = checkTensor(outputs[0], "all_reduce", rank_);
-  const ResolvedOp r = asDistError("all_reduce", rank_, [&] { return resolveOp(op, dtype, "all_reduce", rank_); });
+  size_t bytes = 0;
+  for (const auto& t : outputs) bytes += t.nbytes();
+  // A leader of the hierarchical all-reduce writes its buffer before reducing into it (algorithms.h).
+  const bool hier = algo == Algorithm::kHierarchical ||
+                    (algo == Algorithm::kAuto && autoAllreduce(bytes) == Algorithm::kHierarchical);
+  const ResolvedOp r = asDistError("all_reduce", rank_, [&] {
+    return resolveOp(op, dtype, "all_reduce", rank_, /*intoTensor=*/!hier);
+  });
   const int size = size_;
   // A large staged tensor is all-reduced chunk by chunk, overlapping its copies.
   std::shared_ptr<Staging> pipeline = Staging::current();

@@ -19,8 +19,9 @@
 //     less. The tensor holds dst's values: it was copied in, and until its
 //     last reduction into those bytes an op writes them only by reductions
 //     (the algorithms' receives into their buffer, as in a ring's
-//     all-gather, come after). PREMUL_SUM's pre-scale writes the mirror
-//     first, so that op asks for reduceFn(..., intoTensor=false).
+//     all-gather, come after: core/algorithms/algorithms.h). PREMUL_SUM's
+//     pre-scale and the hierarchical all-reduce write the mirror first, so
+//     those ops ask for reduceFn(..., intoTensor=false).
 //   - otherwise: H2D dst and src into device scratch, kernel, D2H dst.
 //
 // The Work finishes only after the op stream has synchronized, so wait() and

@@ -92,7 +92,10 @@ class CudaStaging final : public Staging {
                         size_t count) override {
     c10::cuda::CUDAStreamGuard guard(reduceStream_);
     const size_t bytes = count * elementSize(dtype);
-    char* b = scratch(bytes);
+    // src lands at the tensor's offset mod 16, so the kernel's 16-byte loads
+    // line up for both operands.
+    const size_t shift = reinterpret_cast<uintptr_t>(tensor) % 16;
+    char* b = scratch(bytes + shift) + shift;
     cudaStream_t s = reduceStream_.stream();
     check(cudaMemcpyAsync(b, src, bytes, cudaMemcpyHostToDevice, s), "copy to device");
     check(cudaError_t(cuda::reduce(dtype, op, tensor, b, count, 1.0, reinterpret_cast<cuda::Stream>(s))),

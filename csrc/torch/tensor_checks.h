@@ -57,7 +57,10 @@ struct ResolvedOp {
   bool average = false;
 };
 
-inline ResolvedOp resolveOp(const c10d::ReduceOp& op, DataType dtype, const char* name, int rank) {
+// `intoTensor`: see Staging::reduceFn (false for an op that writes its buffer
+// before reducing into it).
+inline ResolvedOp resolveOp(const c10d::ReduceOp& op, DataType dtype, const char* name, int rank,
+                            bool intoTensor = true) {
   ResolvedOp r{};
   ReduceOp core = ReduceOp::kSum;
   switch (op.op_) {
@@ -88,7 +91,7 @@ inline ResolvedOp resolveOp(const c10d::ReduceOp& op, DataType dtype, const char
   }
   // Under a device staging, large reductions run on the device; the
   // pre-scale writes the buffer before them (staging.h).
-  r.fn = Staging::current() ? Staging::current()->reduceFn(dtype, core, /*intoTensor=*/!r.premul)
+  r.fn = Staging::current() ? Staging::current()->reduceFn(dtype, core, intoTensor && !r.premul)
                             : cpuReduceFn(dtype, core);
   return r;
 }

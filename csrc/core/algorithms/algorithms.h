@@ -16,10 +16,13 @@ Algorithm parseAlgorithm(const char* s);  // throws Error on an unknown name
 
 // In-place all-reduce of `count` elements of c.dtype at `buf`.
 //
-// The reducing algorithms (these, reduce at its root) keep one promise that
-// the device path relies on (torch glue, staging.h): until its last call of
-// fn(dst, ...) with dst in some bytes of `buf`, an algorithm writes those
-// bytes only through fn. Receives into buf and copies into it come after.
+// The flat ones (ring, tree, star, direct) and reduce at its root keep a
+// promise that the device path relies on (torch glue, staging.h): until its
+// last call of fn(dst, ...) with dst in some bytes of `buf`, an algorithm
+// writes those bytes only through fn; receives and copies into buf come
+// after (tests/cpp/test_reduce_writes.cc). The hierarchical one does not: a
+// leader receives its host's reduced chunks into buf (ring reduce), then the
+// leaders' all-reduce reduces into them.
 void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
