@@ -75,13 +75,14 @@ CHECKS = (
 )
 
 
-def _staged(rank, ws):
+def _matrix_and(rank, ws, checks):
+    """The all-reduce matrix, then the checks of the list named `checks`."""
     out = test_allreduce._matrix(rank, ws)
-    out.update(run_checks(CHECKS, rank, ws))
+    out.update(run_checks(globals()[checks], rank, ws))
     return out
 
 
-SUITE = Suite(_staged, WS, with_gloo=True, timeout=600, env=STAGED_ENV)
+SUITE = Suite(_matrix_and, WS, args=("CHECKS",), with_gloo=True, timeout=600, env=STAGED_ENV)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
@@ -144,13 +145,9 @@ def check_where_reductions_go(rank, ws, fail):
         fail(f"wrong result: {m}")
 
 
-def _all_on_device(rank, ws):
-    out = test_allreduce._matrix(rank, ws)
-    out.update(run_checks([check_where_reductions_go] + test_reduce_ops.SUITE_CHECKS, rank, ws))
-    return out
-
-
-ALL_ON_DEVICE = Suite(_all_on_device, WS, with_gloo=True, timeout=600, env=ALL_ON_DEVICE_ENV)
+ALL_ON_DEVICE_CHECKS = [check_where_reductions_go] + test_reduce_ops.SUITE_CHECKS
+ALL_ON_DEVICE = Suite(_matrix_and, WS, args=("ALL_ON_DEVICE_CHECKS",), with_gloo=True, timeout=600,
+                      env=ALL_ON_DEVICE_ENV)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_name)
@@ -159,7 +156,7 @@ def test_all_on_device_allreduce_matrix(algo, dtype):
     ALL_ON_DEVICE.check(f"{algo}/{dtype_name(dtype)}")
 
 
-@pytest.mark.parametrize("check", [c.__name__ for c in [check_where_reductions_go] + test_reduce_ops.SUITE_CHECKS])
+@pytest.mark.parametrize("check", [c.__name__ for c in ALL_ON_DEVICE_CHECKS])
 def test_all_on_device(check):
     ALL_ON_DEVICE.check(check)
 
