@@ -23,11 +23,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
                                                            const c10d::ReduceOp& op, Algorithm algo,
                                                            std::chrono::milliseconds timeout) {
   const DataType dtype = checkTensor(outputs[0], "all_reduce", rank_);
-  size_t bytes = 0;
-  for (const auto& t : outputs) bytes += t.nbytes();
-  // A leader of the hierarchical all-reduce writes its buffer before reducing into it (algorithms.h).
-  const bool hier = algo == Algorithm::kHierarchical ||
-                    (algo == Algorithm::kAuto && autoAllreduce(bytes) == Algorithm::kHierarchical);
+  // A leader of the hierarchical all-reduce writes its buffer before reducing
+  // into it (algorithms.h); "auto" takes it for every size or none.
+  const bool hier = Staging::current() && (algo == Algorithm::kHierarchical ||
+                                           (algo == Algorithm::kAuto && autoAllreduce(0) == Algorithm::kHierarchical));
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] {
     return resolveOp(op, dtype, "all_reduce", rank_, /*intoTensor=*/!hier);
   });
