@@ -176,6 +176,19 @@ def fmt_row(r):
             f"{r['iters']:>6d}")
 
 
+def target(rows, what, key, goal, higher_is_better):
+    """One target over `rows`: its worst row, met or missed by how much, and how
+    many sizes meet it. Returns (text, met)."""
+    if not rows:
+        return f"{what}: no sizes", True
+    meets = (lambda v: v >= goal) if higher_is_better else (lambda v: v <= goal)
+    worst = (min if higher_is_better else max)(rows, key=lambda r: r[key])
+    ok = meets(worst[key])
+    return (f"{what} {key} {'min' if higher_is_better else 'max'} {worst[key]:.2f} at {fmt_size(worst['bytes'])} "
+            + ("MET" if ok else f"MISSED by {abs(goal - worst[key]):.2f}")
+            + f" ({sum(meets(r[key]) for r in rows)}/{len(rows)} sizes)"), ok
+
+
 def targets(rows, ops, n):
     """Footer lines: per op, the two targets and by how much they are met or missed."""
     lines = [f"# targets at n={n}: collx busbw >= {BUSBW_TARGET:.1f}x gloo at >= 1 MB; "
@@ -183,28 +196,10 @@ def targets(rows, ops, n):
     met_all = True
     for op in ops:
         cx = [r for r in rows if r["op"] == op and r["backend"] == "collx" and r["vs_gloo"] is not None]
-        parts = []
-        large = [r for r in cx if r["bytes"] >= LARGE_MIN]
-        if large:
-            worst = min(large, key=lambda r: r["busbw_x"])
-            ok = worst["busbw_x"] >= BUSBW_TARGET
-            met_all &= ok
-            parts.append(f">=1MB busbw_x min {worst['busbw_x']:.2f} at {fmt_size(worst['bytes'])} "
-                         + ("MET" if ok else f"MISSED by {BUSBW_TARGET - worst['busbw_x']:.2f}")
-                         + f" ({sum(r['busbw_x'] >= BUSBW_TARGET for r in large)}/{len(large)} sizes)")
-        else:
-            parts.append(">=1MB: no sizes")
-        small = [r for r in cx if r["bytes"] <= SMALL_MAX]
-        if small:
-            worst = max(small, key=lambda r: r["vs_gloo"])
-            ok = worst["vs_gloo"] <= TIME_TARGET
-            met_all &= ok
-            parts.append(f"<=64KB vs_gloo max {worst['vs_gloo']:.2f} at {fmt_size(worst['bytes'])} "
-                         + ("MET" if ok else f"MISSED by {worst['vs_gloo'] - TIME_TARGET:.2f}")
-                         + f" ({sum(r['vs_gloo'] <= TIME_TARGET for r in small)}/{len(small)} sizes)")
-        else:
-            parts.append("<=64KB: no sizes")
-        lines.append(f"#   {op:<15s} " + "; ".join(parts))
+        large, large_ok = target([r for r in cx if r["bytes"] >= LARGE_MIN], ">=1MB", "busbw_x", BUSBW_TARGET, True)
+        small, small_ok = target([r for r in cx if r["bytes"] <= SMALL_MAX], "<=64KB", "vs_gloo", TIME_TARGET, False)
+        met_all &= large_ok and small_ok
+        lines.append(f"#   {op:<15s} {large}; {small}")
     lines.append(f"# all targets {'MET' if met_all else 'NOT all met'} at n={n}")
     return lines
 
