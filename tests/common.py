@@ -7,10 +7,13 @@ pytest test.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import sys
 import time
 import traceback
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -200,6 +203,26 @@ class Suite:
     def check(self, name):
         failures = self.failures(name)
         assert not failures, f"{name} (world_size={self.world_size}) failed:\n" + "\n".join(failures)
+
+
+def run_listed_checks(rank, ws, module, checks):
+    """Child side of suite_test: runs the check list named `checks` of `module`."""
+    return run_checks(getattr(importlib.import_module(module), checks), rank, ws)
+
+
+def suite_test(module, checks, world_sizes, **launch_kwargs):
+    """A test over the check list named `checks` of `module`, parametrized by
+    world size and check, whose cases share one lazy launch per world size.
+    Assign it to a test_* name of that module."""
+    names = [c.__name__ for c in getattr(sys.modules[module], checks)]
+    suites = {ws: Suite(run_listed_checks, ws, args=(module, checks), **launch_kwargs) for ws in world_sizes}
+
+    @pytest.mark.parametrize("check", names)
+    @pytest.mark.parametrize("ws", world_sizes, ids=lambda ws: f"ws{ws}")
+    def test(ws, check):
+        suites[ws].check(check)
+
+    return test
 
 
 def attempt(fn):

@@ -22,7 +22,6 @@ from common import (  # noqa: E402
     ALGORITHMS,
     DTYPES,
     FLOAT_DTYPES,
-    Suite,
     dtype_name,
     expected,
     gen,
@@ -30,7 +29,8 @@ from common import (  # noqa: E402
     mismatch,
     ops_for,
     reduce_op,
-    run_checks,
+    Suite,
+    suite_test,
     tolerance,
 )
 
@@ -300,15 +300,5 @@ MISC_CHECKS = [
 ]
 
 
-def _misc(rank, ws):
-    return run_checks(MISC_CHECKS, rank, ws)
-
-
 MISC_WS = [3, 4]
-MISC = {ws: Suite(_misc, ws, with_gloo=True, timeout=300) for ws in MISC_WS}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in MISC_CHECKS])
-@pytest.mark.parametrize("ws", MISC_WS, ids=lambda ws: f"ws{ws}")
-def test_allreduce_misc(ws, check):
-    MISC[ws].check(check)
+test_allreduce_misc = suite_test(__name__, "MISC_CHECKS", MISC_WS, with_gloo=True, timeout=300)

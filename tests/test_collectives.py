@@ -17,15 +17,7 @@ torchcollx = pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
 from collectives_common import _data  # noqa: E402
-from common import (  # noqa: E402
-    DTYPES,
-    Suite,
-    dtype_name,
-    expected,
-    gen,
-    mismatch,
-    run_checks,
-)
+from common import DTYPES, dtype_name, expected, gen, mismatch, suite_test  # noqa: E402
 
 COUNTS = [0, 1, 7, 1000, 100003]
 
@@ -373,15 +365,5 @@ SUITE_CHECKS = [
 ]
 
 
-def _suite(rank, ws):
-    return run_checks(SUITE_CHECKS, rank, ws)
-
-
 SUITE_WS = [2, 3, 4]
-SUITES = {ws: Suite(_suite, ws, with_gloo=True, timeout=300) for ws in SUITE_WS}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in SUITE_CHECKS])
-@pytest.mark.parametrize("ws", SUITE_WS, ids=lambda ws: f"ws{ws}")
-def test_collective(ws, check):
-    SUITES[ws].check(check)
+test_collective = suite_test(__name__, "SUITE_CHECKS", SUITE_WS, with_gloo=True, timeout=300)

@@ -29,7 +29,7 @@ from collectives_common import (  # noqa: E402
     _data,
     _split,
 )
-from common import DTYPES, Suite, dtype_name, mismatch, run_checks  # noqa: E402
+from common import DTYPES, dtype_name, mismatch, suite_test  # noqa: E402
 
 
 def _labels_delta(group, before):
@@ -344,14 +344,4 @@ SUITE_CHECKS = [
 ]
 
 
-def _suite(rank, ws):
-    return run_checks(SUITE_CHECKS, rank, ws)
-
-
-SUITES = {ws: Suite(_suite, ws, with_gloo=True, timeout=240) for ws in WORLD_SIZES}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in SUITE_CHECKS])
-@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
-def test_collective(ws, check):
-    SUITES[ws].check(check)
+test_collective = suite_test(__name__, "SUITE_CHECKS", WORLD_SIZES, with_gloo=True, timeout=240)

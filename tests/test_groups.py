@@ -26,7 +26,7 @@ from collectives_common import (  # noqa: E402
     _rs_expected,
     _split,
 )
-from common import Suite, expected, gen, mismatch, run_checks, tolerance  # noqa: E402
+from common import expected, gen, mismatch, suite_test, tolerance  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,17 +131,7 @@ SUITE_CHECKS = [
 ]
 
 
-def _suite(rank, ws):
-    return run_checks(SUITE_CHECKS, rank, ws)
-
-
-SUITES = {ws: Suite(_suite, ws, with_gloo=True, timeout=240) for ws in WORLD_SIZES}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in SUITE_CHECKS])
-@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
-def test_collective(ws, check):
-    SUITES[ws].check(check)
+test_collective = suite_test(__name__, "SUITE_CHECKS", WORLD_SIZES, with_gloo=True, timeout=240)
 
 
 # ------------------------------------------------------------------ TORCH_DISTRIBUTED_DEBUG=DETAIL

@@ -20,7 +20,7 @@ torchcollx = pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
 from collectives_common import MIB4, WORLD_SIZES, _data  # noqa: E402
-from common import DTYPES, Suite, dtype_name, mismatch, run_checks  # noqa: E402
+from common import DTYPES, dtype_name, mismatch, suite_test  # noqa: E402
 
 
 # ------------------------------------------------------------------ point to point
@@ -208,14 +208,4 @@ SUITE_CHECKS = [
 ]
 
 
-def _suite(rank, ws):
-    return run_checks(SUITE_CHECKS, rank, ws)
-
-
-SUITES = {ws: Suite(_suite, ws, with_gloo=True, timeout=240) for ws in WORLD_SIZES}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in SUITE_CHECKS])
-@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
-def test_collective(ws, check):
-    SUITES[ws].check(check)
+test_collective = suite_test(__name__, "SUITE_CHECKS", WORLD_SIZES, with_gloo=True, timeout=240)

@@ -20,17 +20,7 @@ torchcollx = pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
 from collectives_common import COUNTS, LARGE, MIB4, WORLD_SIZES, _rs_expected  # noqa: E402
-from common import (  # noqa: E402
-    DTYPES,
-    Suite,
-    dtype_name,
-    expected,
-    gen,
-    mismatch,
-    reduce_op,
-    run_checks,
-    tolerance,
-)
+from common import DTYPES, dtype_name, expected, gen, mismatch, reduce_op, suite_test, tolerance  # noqa: E402
 
 
 def reduce_ops_for(dtype):
@@ -196,14 +186,4 @@ SUITE_CHECKS = [
 ]
 
 
-def _suite(rank, ws):
-    return run_checks(SUITE_CHECKS, rank, ws)
-
-
-SUITES = {ws: Suite(_suite, ws, with_gloo=True, timeout=240) for ws in WORLD_SIZES}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in SUITE_CHECKS])
-@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
-def test_collective(ws, check):
-    SUITES[ws].check(check)
+test_collective = suite_test(__name__, "SUITE_CHECKS", WORLD_SIZES, with_gloo=True, timeout=240)
