@@ -205,17 +205,23 @@ class Suite:
         assert not failures, f"{name} (world_size={self.world_size}) failed:\n" + "\n".join(failures)
 
 
-def run_listed_checks(rank, ws, module, checks):
-    """Child side of suite_test: runs the check list named `checks` of `module`."""
-    return run_checks(getattr(importlib.import_module(module), checks), rank, ws)
+def run_listed_checks(rank, ws, module, checks, setup):
+    """Child side of suite_test: calls `module`'s function named `setup` (if
+    any), then runs its check list named `checks`."""
+    mod = importlib.import_module(module)
+    if setup:
+        getattr(mod, setup)()
+    return run_checks(getattr(mod, checks), rank, ws)
 
 
-def suite_test(module, checks, world_sizes, **launch_kwargs):
+def suite_test(module, checks, world_sizes, setup=None, **launch_kwargs):
     """A test over the check list named `checks` of `module`, parametrized by
-    world size and check, whose cases share one lazy launch per world size.
-    Assign it to a test_* name of that module."""
+    world size and check, whose cases share one lazy launch per world size;
+    `setup` names a function of `module` each rank calls first. Assign it to a
+    test_* name of that module."""
     names = [c.__name__ for c in getattr(sys.modules[module], checks)]
-    suites = {ws: Suite(run_listed_checks, ws, args=(module, checks), **launch_kwargs) for ws in world_sizes}
+    suites = {ws: Suite(run_listed_checks, ws, args=(module, checks, setup), **launch_kwargs)
+              for ws in world_sizes}
 
     @pytest.mark.parametrize("check", names)
     @pytest.mark.parametrize("ws", world_sizes, ids=lambda ws: f"ws{ws}")

@@ -20,17 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from collectives_common import _groups  # noqa: E402
-from common import (  # noqa: E402
-    Suite,
-    dtype_name,
-    expected,
-    gen,
-    mismatch,
-    ops_for,
-    reduce_op,
-    run_checks,
-    tolerance,
-)
+from common import dtype_name, expected, gen, mismatch, ops_for, reduce_op, suite_test, tolerance  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8,
           torch.bool]
@@ -217,36 +207,16 @@ CHECKS = [
 ]
 
 
-def _suite(rank, ws):
+def _use_gpu0():
     torch.cuda.set_device(0)
-    return run_checks(CHECKS, rank, ws)
 
 
-WORLD_SIZES = [2, 4]
-SUITES = {ws: Suite(_suite, ws, timeout=300) for ws in WORLD_SIZES}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in CHECKS])
-@pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
-def test_cuda(ws, check):
-    SUITES[ws].check(check)
-
+test_cuda = suite_test(__name__, "CHECKS", [2, 4], setup="_use_gpu0", timeout=300)
 
 # Every reduction on the GPU, whatever its size (counts 1, 7, ...).
 ALL_ON_GPU_CHECKS = [check_all_reduce_matrix, check_moving_collectives]
-
-
-def _all_on_gpu(rank, ws):
-    torch.cuda.set_device(0)
-    return run_checks(ALL_ON_GPU_CHECKS, rank, ws)
-
-
-ALL_ON_GPU = Suite(_all_on_gpu, 2, timeout=300, env={"COLLX_DEVICE_REDUCE_MIN_BYTES": "0"})
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in ALL_ON_GPU_CHECKS])
-def test_cuda_every_reduction_on_gpu(check):
-    ALL_ON_GPU.check(check)
+test_cuda_every_reduction_on_gpu = suite_test(__name__, "ALL_ON_GPU_CHECKS", [2], setup="_use_gpu0", timeout=300,
+                                              env={"COLLX_DEVICE_REDUCE_MIN_BYTES": "0"})
 
 
 def _split_group(rank, ws):

@@ -18,7 +18,7 @@ import torch
 
 torchcollx = pytest.importorskip("torchcollx")
 
-from common import Suite, run_checks  # noqa: E402
+from common import suite_test  # noqa: E402
 from ddp_hook_common import _exact  # noqa: E402  (models, data, training: shared with the hook tests)
 
 pytestmark = pytest.mark.ddp
@@ -61,16 +61,8 @@ DDP_CHECKS = [
 ]
 
 
-def _ddp_suite(rank, ws):
+def _one_thread():
     torch.set_num_threads(1)
-    return run_checks(DDP_CHECKS, rank, ws)
 
 
-DDP_WS = [2, 4]
-SUITES = {ws: Suite(_ddp_suite, ws, timeout=300) for ws in DDP_WS}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in DDP_CHECKS])
-@pytest.mark.parametrize("ws", DDP_WS, ids=lambda ws: f"ws{ws}")
-def test_ddp_matches_single_process(ws, check):
-    SUITES[ws].check(check)
+test_ddp_matches_single_process = suite_test(__name__, "DDP_CHECKS", [2, 4], setup="_one_thread", timeout=300)

@@ -35,7 +35,7 @@ torchcollx = pytest.importorskip("torchcollx")
 import torch.distributed as dist  # noqa: E402
 
 import launcher  # noqa: E402
-from common import Suite, run_checks  # noqa: E402
+from common import run_checks, suite_test  # noqa: E402
 from ddp_hook_common import (  # noqa: E402
     GLOBAL_BATCH,
     STEPS,
@@ -283,19 +283,11 @@ HOOK_CHECKS = [
 ]
 
 
-def _hook_suite(rank, ws):
+def _one_thread():
     torch.set_num_threads(1)
-    return run_checks(HOOK_CHECKS, rank, ws)
 
 
-HOOK_WS = [2, 4]
-SUITES = {ws: Suite(_hook_suite, ws, timeout=300, with_gloo=True) for ws in HOOK_WS}
-
-
-@pytest.mark.parametrize("check", [c.__name__ for c in HOOK_CHECKS])
-@pytest.mark.parametrize("ws", HOOK_WS, ids=lambda ws: f"ws{ws}")
-def test_ddp_comm_hook(ws, check):
-    SUITES[ws].check(check)
+test_ddp_comm_hook = suite_test(__name__, "HOOK_CHECKS", [2, 4], setup="_one_thread", timeout=300, with_gloo=True)
 
 
 # ------------------------------------------------------------------ CUDA (skipped without a GPU)
