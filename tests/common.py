@@ -207,7 +207,9 @@ class Suite:
 
 def run_listed_checks(rank, ws, module, checks, setup):
     """Child side of suite_test: calls `module`'s function named `setup` (if
-    any), then runs its check list named `checks`."""
+    any), then runs its check list named `checks`. By name, not by object:
+    unpickling a function would import its module before the launcher has set
+    up the rank (its gloo group)."""
     mod = importlib.import_module(module)
     if setup:
         getattr(mod, setup)()

@@ -5,7 +5,6 @@ benchmarks/two_hosts.py.
     with TwoHosts() as hosts:                 # needs root and iproute2
         procs = hosts.torchrun(script, args, env, port=29600, nproc=2)
         hosts.link_down(0)                    # cut the wire mid-run
-        hosts.veth_bytes(0)                   # tx+rx bytes through host 0's end
 
 Names carry this process's pid, so concurrent runs never collide, and
 teardown deletes only what this object created: it SIGKILLs every process
@@ -120,11 +119,3 @@ class TwoHosts:
 
     def link_down(self, host: int):
         _ip("link", "set", self.veth[host], "down", ns=self.ns[host])
-
-    def veth_bytes(self, host: int) -> int:
-        """tx + rx bytes of host's veth end: everything that crossed the wire."""
-        p = subprocess.run(["ip", "netns", "exec", self.ns[host], "cat",
-                            f"/sys/class/net/{self.veth[host]}/statistics/tx_bytes",
-                            f"/sys/class/net/{self.veth[host]}/statistics/rx_bytes"],
-                           capture_output=True, text=True, timeout=20, check=True)
-        return sum(int(x) for x in p.stdout.split())

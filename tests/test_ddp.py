@@ -14,7 +14,6 @@ One launch per world size runs every model / variant (startup is expensive).
 from __future__ import annotations
 
 import pytest
-import torch
 
 torchcollx = pytest.importorskip("torchcollx")
 
@@ -61,8 +60,4 @@ DDP_CHECKS = [
 ]
 
 
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-test_ddp_matches_single_process = suite_test(__name__, "DDP_CHECKS", [2, 4], setup="_one_thread", timeout=300)
+test_ddp_matches_single_process = suite_test(__name__, "DDP_CHECKS", [2, 4], timeout=300)

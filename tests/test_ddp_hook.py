@@ -283,11 +283,7 @@ HOOK_CHECKS = [
 ]
 
 
-def _one_thread():
-    torch.set_num_threads(1)
-
-
-test_ddp_comm_hook = suite_test(__name__, "HOOK_CHECKS", [2, 4], setup="_one_thread", timeout=300, with_gloo=True)
+test_ddp_comm_hook = suite_test(__name__, "HOOK_CHECKS", [2, 4], timeout=300, with_gloo=True)
 
 
 # ------------------------------------------------------------------ CUDA (skipped without a GPU)

@@ -250,8 +250,6 @@ def _split_halves(rank, ws):
     has checked for an accelerator device_id (which a CPU-only box cannot
     bind; tests/test_cuda.py runs dist.split_group itself on a GPU). It asks
     the backend for getBackendOptions() and split()."""
-    import datetime
-
     pg = dist.distributed_c10d._get_default_group()
     mine = [0, 1] if rank < 2 else [2, 3]
     sub = pg.split_group(mine, timeout=datetime.timedelta(seconds=60), opts=None, group_name=f"halves{mine[0]}",

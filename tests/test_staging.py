@@ -8,7 +8,8 @@ reduce (scratch copies of dst and src, reduced apart, copied back). Only the
 copies and the kernel differ on a GPU (tests/test_cuda.py runs those).
 
 One launch at world size 3 reruns the all-reduce matrix and the reduce,
-gather and p2p suites of the other test files in that mode.
+gather and p2p suites of the other test files in that mode; a second reruns
+the matrix and the reduce suite with every reduction on the "device".
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ CHECKS = (
 
 
 def _matrix_and(rank, ws, checks):
-    """The all-reduce matrix, then the checks of the list named `checks`."""
+    """The all-reduce matrix, then the checks of the list named `checks`
+    (a name: see common.run_listed_checks)."""
     out = test_allreduce._matrix(rank, ws)
     out.update(run_checks(globals()[checks], rank, ws))
     return out

@@ -112,7 +112,6 @@ class CommHookState:
         self.compression = compression
         self.world_size = self.process_group.size()
         self.rank = self.process_group.rank()
-        self.tree_arity = int(self.backend.tree_arity)
         self._wire_dtype = _WIRE_DTYPE.get(compression)
         self._buffers = {}  # (bucket index, role) -> tensor, reused while its size/dtype/device fit
         self._counters = HookCounters()

@@ -39,7 +39,7 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
     const auto local = std::count(h.begin(), h.end(), h[rank]);
     log(LogLevel::kInfo,
         collx::str("mesh of ", size, " ranks ready in ", millis(ms), " ms, listening on ", device_->address(), "; ",
-                   *std::max_element(h.begin(), h.end()) + 1, " host(s), ", local, " rank(s) on this one; algorithm ",
+                   device_->hostCount(), " host(s), ", local, " rank(s) on this one; algorithm ",
                    name(config_.algorithm), ", tree arity ", config_.treeArity, ", segment ", config_.segmentBytes,
                    " B, device reductions ",
                    config_.deviceReduceMinBytes == SIZE_MAX ? std::string("off")
@@ -213,8 +213,7 @@ std::vector<int> CollxBackend::hosts() const {
 }
 
 Algorithm CollxBackend::autoAllreduce(size_t bytes) const {
-  const int hosts = int(hostLayout(*device_).ranks.size());
-  return chooseAllreduce(size_, hosts, config_.treeArity, bytes);
+  return resolveAllreduce(*device_, Algorithm::kAuto, config_.treeArity, bytes);
 }
 
 Stats CollxBackend::stats() const {

@@ -158,9 +158,13 @@ class CollxBackend : public c10d::Backend {
     Staging::Scope scope(std::move(staging));
     return op();
   }
-  // An op that writes `outputs` from `inputs`: when they need staging, reruns
-  // it as op(hostOutputs, hostInputs) on their mirrors; null otherwise
-  // (defined in op_helpers.h).
+  // An op on `tensors` (a tensor or a list), which it reads if `copyIn` and
+  // writes if `copyOut`: when they need staging, reruns it as op(hostTensors)
+  // on their mirrors; null otherwise. onMirrors: the same for an op that
+  // writes `outputs` from `inputs`, as op(hostOutputs, hostInputs). Both are
+  // defined in op_helpers.h.
+  template <typename Tensors, typename Op>
+  WorkPtr onMirror(const char* name, Tensors& tensors, bool copyIn, bool copyOut, Op&& op);
   template <typename Outs, typename Ins, typename Op>
   WorkPtr onMirrors(const char* name, Outs& outputs, Ins& inputs, Op&& op);
   // All-reduce of `tensors` (in place) as one flat buffer.

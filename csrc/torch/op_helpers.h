@@ -98,6 +98,14 @@ std::vector<at::Tensor> allOf(const Lists&... lists) {
   return out;
 }
 
+template <typename Tensors, typename Op>
+WorkPtr CollxBackend::onMirror(const char* name, Tensors& tensors, bool copyIn, bool copyOut, Op&& op) {
+  std::shared_ptr<Staging> st = stagingFor(allOf(tensors), name);
+  if (!st) return nullptr;
+  auto host = st->mirror(tensors, copyIn, copyOut);
+  return runStaged(st, [&] { return op(host); });
+}
+
 template <typename Outs, typename Ins, typename Op>
 WorkPtr CollxBackend::onMirrors(const char* name, Outs& outputs, Ins& inputs, Op&& op) {
   std::shared_ptr<Staging> st = stagingFor(allOf(outputs, inputs), name);

@@ -35,10 +35,9 @@ std::string treeLabel(const char* op, const Collective& c, size_t bytes) {
 c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
   return validated(OpKind::kBroadcast, [&]() -> WorkPtr {
-    if (auto st = stagingFor(tensors, "broadcast")) {
-      const bool root = rank_ == opts.rootRank;
-      auto host = st->mirror(tensors, root, !root);
-      return runStaged(st, [&] { return broadcast(host, opts); });
+    const bool isRoot = rank_ == opts.rootRank;
+    if (auto w = onMirror("broadcast", tensors, isRoot, !isRoot, [&](auto& host) { return broadcast(host, opts); })) {
+      return w;
     }
     const char* op = "broadcast";
     checkSingle(tensors, op, rank_);
@@ -115,10 +114,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
-  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
-    std::vector<at::Tensor> outs{output}, ins{input};
-    return allgather_into_tensor_coalesced(outs, ins, opts);
-  });
+  std::vector<at::Tensor> outs{output}, ins{input};
+  return allgather_into_tensor_coalesced(outs, ins, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,

@@ -24,9 +24,11 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
                                                            std::chrono::milliseconds timeout) {
   const DataType dtype = checkTensor(outputs[0], "all_reduce", rank_);
   // A leader of the hierarchical all-reduce writes its buffer before reducing
-  // into it (algorithms.h); "auto" takes it for every size or none.
-  const bool hier = Staging::current() && (algo == Algorithm::kHierarchical ||
-                                           (algo == Algorithm::kAuto && autoAllreduce(0) == Algorithm::kHierarchical));
+  // into it (algorithms.h).
+  size_t bytes = 0;
+  for (const auto& t : outputs) bytes += t.nbytes();
+  const bool hier = Staging::current() &&
+                    resolveAllreduce(*device_, algo, config_.treeArity, bytes) == Algorithm::kHierarchical;
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] {
     return resolveOp(op, dtype, "all_reduce", rank_, /*intoTensor=*/!hier);
   });
@@ -55,9 +57,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
   return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
-    if (auto st = stagingFor(tensors, "all_reduce")) {
-      auto host = st->mirror(tensors, true, true);
-      return runStaged(st, [&] { return allreduce(host, opts); });
+    if (auto w = onMirror("all_reduce", tensors, true, true, [&](auto& host) { return allreduce(host, opts); })) {
+      return w;
     }
     checkSingle(tensors, "all_reduce", rank_);
     checkTensor(tensors[0], "all_reduce", rank_);
@@ -69,9 +70,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
                                                            Algorithm algorithm) {
   return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
-    if (auto st = stagingFor({tensor}, "all_reduce")) {
-      at::Tensor host = st->mirror(tensor, true, true);
-      return runStaged(st, [&] { return allreduceWith(host, op, algorithm); });
+    if (auto w = onMirror("all_reduce", tensor, true, true,
+                          [&](at::Tensor& host) { return allreduceWith(host, op, algorithm); })) {
+      return w;
     }
     checkTensor(tensor, "all_reduce", rank_);
     return allreduceFlat(c10d::OpType::ALLREDUCE, {tensor}, op, algorithm, timeout_);
@@ -81,9 +82,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, c
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
   return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
-    if (auto st = stagingFor(tensors, "all_reduce_coalesced")) {
-      auto host = st->mirror(tensors, true, true);
-      return runStaged(st, [&] { return allreduce_coalesced(host, opts); });
+    if (auto w = onMirror("all_reduce_coalesced", tensors, true, true,
+                          [&](auto& host) { return allreduce_coalesced(host, opts); })) {
+      return w;
     }
     if (tensors.empty()) fail("all_reduce_coalesced", rank_, "got no tensors");
     for (const auto& t : tensors) {
@@ -101,9 +102,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at:
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
   return validated(OpKind::kReduce, [&]() -> WorkPtr {
-    if (auto st = stagingFor(tensors, "reduce")) {
-      auto host = st->mirror(tensors, true, rank_ == opts.rootRank);  // only the root's tensor changes
-      return runStaged(st, [&] { return reduce(host, opts); });
+    // Only the root's tensor changes.
+    if (auto w = onMirror("reduce", tensors, true, rank_ == opts.rootRank,
+                          [&](auto& host) { return reduce(host, opts); })) {
+      return w;
     }
     const char* op = "reduce";
     checkSingle(tensors, op, rank_);
@@ -166,10 +168,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
-  return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
-    std::vector<at::Tensor> outs{output}, ins{input};
-    return reduce_scatter_tensor_coalesced(outs, ins, opts);
-  });
+  std::vector<at::Tensor> outs{output}, ins{input};
+  return reduce_scatter_tensor_coalesced(outs, ins, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,

@@ -9,7 +9,7 @@
 namespace collx::torch_glue {
 
 #ifdef COLLX_WITH_CUDA
-std::shared_ptr<Staging> makeCudaStaging(c10::Device device);  // staging_cuda.cc
+std::shared_ptr<Staging> makeCudaStaging(c10::Device device, size_t deviceReduceMinBytes);  // staging_cuda.cc
 #endif
 
 namespace {
@@ -21,6 +21,7 @@ thread_local std::shared_ptr<Staging> tlsCurrent;
 // the CUDA staging moves them.
 class HostStaging final : public Staging {
  public:
+  using Staging::Staging;
   bool owns(c10::Device device) const override { return device.is_cpu(); }
   std::vector<c10::Device> devices() const override { return {}; }
   void recordCaller() override {}
@@ -64,13 +65,6 @@ class HostStaging final : public Staging {
 
 std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors, bool stageCpu,
                                          size_t deviceReduceMinBytes, const char* op, int rank) {
-  std::shared_ptr<Staging> s = createFor(tensors, stageCpu, op, rank);
-  if (s) s->deviceReduceMinBytes_ = deviceReduceMinBytes;
-  return s;
-}
-
-std::shared_ptr<Staging> Staging::createFor(const std::vector<at::Tensor>& tensors, bool stageCpu, const char* op,
-                                            int rank) {
   const at::Tensor* first = nullptr;
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
@@ -84,11 +78,11 @@ std::shared_ptr<Staging> Staging::createFor(const std::vector<at::Tensor>& tenso
     if (t.defined() && t.is_sparse()) fail(op, rank, "sparse tensors are not supported");
   }
   const c10::Device device = first->device();
-  if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>() : nullptr;
+  if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>(deviceReduceMinBytes) : nullptr;
   if (!device.is_cuda()) return nullptr;  // checkTensor names the unsupported device
 #ifdef COLLX_WITH_CUDA
   try {
-    return makeCudaStaging(device);
+    return makeCudaStaging(device, deviceReduceMinBytes);
   } catch (const Error& e) {
     fail(op, rank, e.what());
   }
@@ -191,11 +185,11 @@ ReduceFn Staging::reduceFn(DataType dtype, ReduceOp op, bool intoTensor) {
     if (bytes == 0 || bytes < deviceReduceMinBytes_) return host(dst, src, count);
     if (void* tensor = intoTensor ? tensorAddressOf(dst, bytes) : nullptr) {
       reduceIntoTensor(dtype, op, tensor, dst, src, count);
-      inTensorReductions_.fetch_add(1, std::memory_order_relaxed);
+      ++inTensorReductions_;
     } else {
       reduceOnDevice(dtype, op, dst, src, count);
     }
-    deviceReductions_.fetch_add(1, std::memory_order_relaxed);
+    ++deviceReductions_;
   };
 }
 

@@ -46,7 +46,6 @@
 
 #include <ATen/ATen.h>
 
-#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -70,6 +69,7 @@ class Staging {
   static std::shared_ptr<Staging> create(const std::vector<at::Tensor>& tensors, bool stageCpu,
                                          size_t deviceReduceMinBytes, const char* op, int rank);
 
+  explicit Staging(size_t deviceReduceMinBytes) : deviceReduceMinBytes_(deviceReduceMinBytes) {}
   virtual ~Staging() = default;
 
   // A host tensor standing in for `device`: filled from it before the op
@@ -105,8 +105,8 @@ class Staging {
   // this reduction before it last reduces into them, so a reduction into
   // one may reduce into the tensor itself.
   ReduceFn reduceFn(DataType dtype, ReduceOp op, bool intoTensor);
-  uint64_t deviceReductions() const { return deviceReductions_.load(); }
-  uint64_t inTensorReductions() const { return inTensorReductions_.load(); }
+  uint64_t deviceReductions() const { return deviceReductions_; }
+  uint64_t inTensorReductions() const { return inTensorReductions_; }
 
   // The staging of the op being built in this thread, set by Scope around
   // the CPU op: resolveOp takes its reduceFn, enqueue wraps the op with it.
@@ -138,9 +138,6 @@ class Staging {
                                 size_t count) = 0;
 
  private:
-  static std::shared_ptr<Staging> createFor(const std::vector<at::Tensor>& tensors, bool stageCpu, const char* op,
-                                            int rank);
-
   struct Mirror {
     at::Tensor device, host;
     bool in, out;
@@ -150,10 +147,10 @@ class Staging {
   // tensor, or null.
   void* tensorAddressOf(const void* host, size_t bytes) const;
 
-  size_t deviceReduceMinBytes_ = kDeviceReduceMinBytes;
+  const size_t deviceReduceMinBytes_;
   std::vector<Mirror> mirrors_;
-  std::atomic<uint64_t> deviceReductions_{0};
-  std::atomic<uint64_t> inTensorReductions_{0};
+  uint64_t deviceReductions_ = 0;  // executor thread only
+  uint64_t inTensorReductions_ = 0;
 };
 
 }  // namespace collx::torch_glue

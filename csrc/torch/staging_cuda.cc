@@ -21,8 +21,9 @@ void check(cudaError_t err, const char* what) {
 
 class CudaStaging final : public Staging {
  public:
-  explicit CudaStaging(c10::Device device)
-      : device_(device),
+  CudaStaging(c10::Device device, size_t deviceReduceMinBytes)
+      : Staging(deviceReduceMinBytes),
+        device_(device),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())),
         reduceStream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
     c10::cuda::CUDAGuard guard(device_);
@@ -122,7 +123,9 @@ class CudaStaging final : public Staging {
 
 }  // namespace
 
-std::shared_ptr<Staging> makeCudaStaging(c10::Device device) { return std::make_shared<CudaStaging>(device); }
+std::shared_ptr<Staging> makeCudaStaging(c10::Device device, size_t deviceReduceMinBytes) {
+  return std::make_shared<CudaStaging>(device, deviceReduceMinBytes);
+}
 
 }  // namespace collx::torch_glue
 

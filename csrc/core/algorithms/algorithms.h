@@ -37,8 +37,11 @@ struct HostLayout {
 };
 HostLayout hostLayout(const Transport& t);
 
-// Runs `algo` and returns the one that ran. kAuto takes the hierarchical one
-// when the group spans hosts with several ranks on one, else the cost model's.
+// What `algo` runs for an all-reduce of `bytes` on `t`: itself, or for kAuto
+// the hierarchical one when the group spans hosts with several ranks on one,
+// else the cost model's.
+Algorithm resolveAllreduce(const Transport& t, Algorithm algo, int treeArity, size_t bytes);
+// Runs `algo` (resolved as above) and returns the one that ran.
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn);
 
 // Broadcast of `count` elements from `root`: direct sends or a pipelined

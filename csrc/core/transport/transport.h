@@ -6,6 +6,7 @@
 // is reported as a mismatched collective, before a byte reaches user memory.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +41,14 @@ class Transport {
   // Which machine `rank` runs on: ranks with equal indices share a host. A
   // transport that cannot tell puts every rank on host 0.
   virtual int host(int rank) const { return 0; }
+  // How many distinct hosts the ranks run on.
+  virtual int hostCount() const {
+    std::vector<int> seen;
+    for (int r = 0; r < size(); ++r) {
+      if (std::find(seen.begin(), seen.end(), host(r)) == seen.end()) seen.push_back(host(r));
+    }
+    return int(seen.size());
+  }
 
   // Queue one message to / from `peer`. Messages to a peer leave in post
   // order; receives from a peer match arriving messages in post order. The

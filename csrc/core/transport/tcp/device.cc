@@ -37,8 +37,10 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
   }
   // Pure busy-polling only pays while every local rank has a core of its
   // own; with more ranks than cores a waiter yields between polls instead.
+  hostCount_ = hosts_.empty() ? 1 : *std::max_element(hosts_.begin(), hosts_.end()) + 1;  // dense indices
+  const auto localRanks = std::count(hosts_.begin(), hosts_.end(), hosts_[size_t(rank)]);
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  yield_ = unsigned(mesh.localRanks) > cores;
+  yield_ = unsigned(localRanks) > cores;
   spin_ = yield_ ? kYieldSpin : kSpin;
 }
 

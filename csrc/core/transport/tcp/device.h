@@ -30,6 +30,7 @@ class Device : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int host(int rank) const override { return hosts_.at(size_t(rank)); }
+  int hostCount() const override { return hostCount_; }
   // The "host:port" this rank listened on during setup (for logs).
   const std::string& address() const { return address_; }
   void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
@@ -63,6 +64,7 @@ class Device : public Transport {
   int size_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)
+  int hostCount_ = 1;
   std::string address_;                       // published "host:port"
   size_t pending_ = 0;
   std::chrono::microseconds spin_{0};  // busy-poll budget per waitSome

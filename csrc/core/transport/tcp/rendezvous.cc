@@ -136,7 +136,6 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
     auto it = std::find(hostNames.begin(), hostNames.end(), host);
     mesh.hosts.push_back(int(it - hostNames.begin()));
     if (it == hostNames.end()) hostNames.push_back(host);
-    if (peer != rank && host == self.host()) ++mesh.localRanks;
   }
 
   const Hello mine{kHelloMagic, rank, size, 0, generation, token};

@@ -28,7 +28,6 @@ struct Mesh {
   std::vector<Socket> sockets;  // one per peer; invalid at index `rank`
   std::vector<int> hosts;       // host index per rank: equal published host address, equal index
   std::string address;          // the "host:port" this rank published (empty for a group of 1)
-  int localRanks = 1;           // ranks (this one included) publishing this host address
 };
 
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
