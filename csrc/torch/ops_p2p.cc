@@ -66,42 +66,39 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::addP2P(P2POp op, c10d::OpType type)
     } else if (!op.tensor.device().is_cpu()) {
       fail(name, rank_, collx::str("a coalesced batch holds tensors of one device only, got ", op.tensor.device()));
     }
+    checkTensor(op.tensor, name, rank_);  // the host tensor: a device one is mirrored by now
     coalesced_.push_back(std::move(op));
     return nullptr;  // the batch's Work comes from endCoalescing
   }
   lock.unlock();
-  if (auto st = stagingFor({op.tensor}, name)) {
-    op.tensor = st->mirror(op.tensor, op.isSend, !op.isSend);
-    return runStaged(st, [&] { return runP2P({op}, type); });
-  }
+  auto onHost = [&](at::Tensor& host) { return addP2P({op.isSend, op.peer, op.tag, host}, type); };
+  if (auto w = onMirror(name, op.tensor, op.isSend, !op.isSend, onHost)) return w;
+  checkTensor(op.tensor, name, rank_);
   return runP2P({op}, type);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   checkSingle(tensors, "send", rank_);
-  checkTensor(tensors[0], "send", rank_);
   checkPeer(dstRank, rank_, size_, "send");
   return addP2P({true, dstRank, tag, tensors[0]}, c10d::OpType::SEND);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   checkSingle(tensors, "recv", rank_);
-  checkTensor(tensors[0], "recv", rank_);
   checkPeer(srcRank, rank_, size_, "recv");
   return addP2P({false, srcRank, tag, tensors[0]}, c10d::OpType::RECV);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   checkSingle(tensors, "recv", rank_);
-  checkTensor(tensors[0], "recv", rank_);
   {
     std::lock_guard<std::mutex> lock(coalesceMutex_);
     if (coalescing_) fail("recv", rank_, "a receive from any source cannot be part of a coalesced batch");
   }
-  if (auto st = stagingFor(tensors, "recv")) {
-    at::Tensor host = st->mirror(tensors[0], false, true);
-    return runStaged(st, [&] { return runP2P({{false, -1, tag, host}}, c10d::OpType::RECVANYSOURCE); });
+  if (auto w = onMirror("recv", tensors, false, true, [&](auto& host) { return recvAnysource(host, tag); })) {
+    return w;
   }
+  checkTensor(tensors[0], "recv", rank_);
   return runP2P({{false, -1, tag, tensors[0]}}, c10d::OpType::RECVANYSOURCE);
 }
 
