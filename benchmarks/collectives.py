@@ -1,4 +1,4 @@
-"""Collectives benchmark: gloo vs collx for reduce_scatter_tensor, all_gather_into_tensor,
+"""Collectives benchmark: gloo vs collx for reduce_scatter_single, all_gather_single,
 broadcast, all_to_all_single (equal splits) and reduce; CPU float32.
 
 Run from the repository root:
@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -75,9 +74,9 @@ class Point:
     def run(self):
         g = self.group
         if self.op == "reduce_scatter":
-            dist.reduce_scatter_tensor(self.out, self.inp, group=g)
+            dist.reduce_scatter_single(self.out, self.inp, group=g)
         elif self.op == "all_gather":
-            dist.all_gather_into_tensor(self.out, self.inp, group=g)
+            dist.all_gather_single(self.out, self.inp, group=g)
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.out, self.inp, group=g)
         elif self.op == "broadcast":
@@ -215,8 +214,6 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", help="dump all rows to this JSON file")
     args = p.parse_args()
-    # torch 2.14 deprecates reduce_scatter_tensor / all_gather_into_tensor in favour of *_single.
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if set(ops) - set(OPS):

@@ -34,11 +34,11 @@ def main():
     tp_ranks = dist.get_process_group_ranks(tp)
     shard = torch.arange(4, dtype=torch.float32) + 100 * rank
     full = torch.empty(4 * len(tp_ranks))
-    dist.all_gather_into_tensor(full, shard, group=tp)
+    dist.all_gather_single(full, shard, group=tp)
     assert torch.equal(full, torch.cat([torch.arange(4, dtype=torch.float32) + 100 * r for r in tp_ranks])), "tp gather"
     grad_full = torch.ones(4 * len(tp_ranks)) * (rank + 1)
     grad_shard = torch.empty(4)
-    dist.reduce_scatter_tensor(grad_shard, grad_full, group=tp)
+    dist.reduce_scatter_single(grad_shard, grad_full, group=tp)
     assert torch.equal(grad_shard, torch.ones(4) * sum(r + 1 for r in tp_ranks)), "tp reduce_scatter"
 
     # Pipeline parallel: stage 0 sends its activations to stage 1.

@@ -1,4 +1,4 @@
-"""Bad input to the collectives, at 2 and 3 ranks: sparse tensors, meta tensors
+"""Bad input to the collectives, at 2 and 3 ranks: sparse tensors with MAX, meta tensors
 mixed with CPU ones, roots and peers out of range, bitwise ops on floats,
 PREMUL_SUM on integers, lists of the wrong length, mismatched sizes.
 
@@ -45,8 +45,8 @@ def _meta_first(k):
 
 # name: (op named in the error, words the reason contains, bad(g, rank, ws), good(g, rank, ws), bad rank in (b))
 CASES = {
-    "sparse tensor": ("all_reduce", ["sparse"],
-                      lambda g, r, ws: dist.all_reduce(_t().to_sparse(), group=g),
+    "sparse tensor, MAX": ("all_reduce", ["sparse", "SUM only"],
+                      lambda g, r, ws: dist.all_reduce(_t().to_sparse(), op=dist.ReduceOp.MAX, group=g),
                       lambda g, r, ws: dist.all_reduce(_t(), group=g), 1),
     "meta output mixed with cpu": ("all_gather", ["meta"],
                                    lambda g, r, ws: dist.all_gather(_meta_first(ws), _t(), group=g),

@@ -163,6 +163,8 @@ def check_all_gather(rank, ws, fail):
 
 
 def check_all_gather_into_tensor(rank, ws, fail):
+    """all_gather_into_tensor and its torch 2.14 name all_gather_single (users
+    write both): 1-D and (ws, n) outputs, a non-contiguous one, in place."""
     for dtype in (torch.float32, torch.float64, torch.uint8, torch.bool):
         for count in (0, 1, 7, 1000, 100003, 1 << 20 | 1):
             if count > 100003 and dtype != torch.float32:
@@ -174,17 +176,17 @@ def check_all_gather_into_tensor(rank, ws, fail):
             if m := mismatch(out, want):
                 fail(f"all_gather_into_tensor 1-D {dtype_name(dtype)} count={count}: {m}")
             out2 = torch.empty(ws, count, dtype=dtype)
-            dist.all_gather_into_tensor(out2, x)
+            dist.all_gather_single(out2, x)
             if m := mismatch(out2, want.view(ws, count)):
-                fail(f"all_gather_into_tensor (ws, n) {dtype_name(dtype)} count={count}: {m}")
+                fail(f"all_gather_single (ws, n) {dtype_name(dtype)} count={count}: {m}")
     # Non-contiguous output: (ws, n) seen through a transpose of an (n, ws) buffer.
     n = 257
     x = _data(rank, torch.float32, n, 22)
     want = torch.stack([_data(r, torch.float32, n, 22) for r in range(ws)])
     out = torch.zeros(n, ws).t()
-    dist.all_gather_into_tensor(out, x)
+    dist.all_gather_single(out, x)
     if m := mismatch(out, want):
-        fail(f"all_gather_into_tensor into a non-contiguous output: {m}")
+        fail(f"all_gather_single into a non-contiguous output: {m}")
     # In place: the input is this rank's slice of the output (the FSDP pattern).
     out = torch.zeros(ws * n)
     out[rank * n:(rank + 1) * n] = x

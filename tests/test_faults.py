@@ -143,5 +143,5 @@ def test_stalled_peer_times_out_naming_it(ws):
             print(report)
             assert kind == "DistBackendError", report
             assert op in msg and f"rank {rank}" in msg and f"peer {victim}" in msg, report
-            assert "timed out" in msg, report
+            assert " Timed out " in msg, report  # gloo's wording, which torch's tests match
             assert limit - 0.5 <= took <= limit + 3.0, report

@@ -147,6 +147,14 @@ def test_monitored_barrier_names_the_absent_rank(ws):
     assert 1.5 <= took < 10, f"monitored_barrier(timeout=2 s) failed after {took:.1f} s: {msg}"
     assert re.search(rf"(peer|rank)s? [^.]*\b{ws - 1}\b", msg.split("failed on rank 0", 1)[-1]), \
         f"rank 0's error does not name the absent rank {ws - 1}: {msg}"
+    # gloo's wording, which torch's own tests and users' log scrapers match
+    assert f"Ranks {ws - 1} failed to pass monitoredBarrier" in msg, msg
+    assert "Rank 0 timed out in monitoredBarrier" in msg, msg
+    # A rank that arrived hears rank 0's verdict at once, in gloo's words.
+    for r in range(1, ws - 1):
+        kind, msg, took = _failure(ws, "monitored_barrier last rank absent")[r]
+        assert kind == "DistBackendError" and took < 10, (r, kind, took, msg)
+        assert f"Rank {r} successfully reached monitoredBarrier, but received errors" in msg, msg
 
 
 def test_monitored_barrier_wait_all_ranks_names_every_absent_rank():
@@ -157,3 +165,4 @@ def test_monitored_barrier_wait_all_ranks_names_every_absent_rank():
     tail = msg.split("failed on rank 0", 1)[-1]
     missing = [r for r in range(1, ws) if not re.search(rf"\b{r}\b", tail)]
     assert not missing, f"wait_all_ranks=True: rank 0's error does not name absent rank(s) {missing}: {msg}"
+    assert "Ranks 1, 2 failed to pass monitoredBarrier" in msg, msg

@@ -1,7 +1,8 @@
 """Point-to-point ops and barriers of the collx backend, checked against
 values computed locally, at world sizes 2, 3 and 4:
 
-  send / recv / isend / irecv (tags, any source, out-of-order tags),
+  send / recv / isend / irecv (tags, any source, out-of-order tags, the ring
+  shift under every all-reduce algorithm, mismatches, timeouts),
   batch_isend_irecv, barrier (waits for earlier async work), monitored_barrier.
 
 Process startup costs seconds, so each world size runs ONE launch (a Suite)
@@ -18,9 +19,8 @@ import torch.distributed as dist
 
 torchcollx = pytest.importorskip("torchcollx")
 
-import launcher  # noqa: E402
 from collectives_common import MIB4, WORLD_SIZES, _data  # noqa: E402
-from common import DTYPES, dtype_name, mismatch, suite_test  # noqa: E402
+from common import DTYPES, attempt, dtype_name, mismatch, suite_test  # noqa: E402
 
 
 # ------------------------------------------------------------------ point to point
@@ -45,23 +45,21 @@ def check_send_recv(rank, ws, fail):
                     fail(f"recv(src={left}, tag={tag}) returned {got!r}")
                 if m := mismatch(y, _data(left, dtype, count, 100 + tag)):
                     fail(f"send/recv ring {dtype_name(dtype)} count={count} tag={tag}: {m}")
-    # isend / irecv with every peer, all posted before any wait: two tagged
-    # messages each way per pair (a small and a 1.2 MB one). p2p ops run in
-    # issue order (NCCL's rule), so the pairs go in one global order and the
-    # lower rank of a pair sends first, the higher one receives first.
+    # isend / irecv with every peer, all posted before any wait, receives
+    # first on every rank: two tagged messages each way per pair (a small and
+    # a 1.2 MB one), as gloo users write it.
     sends, recvs = [], []
-    for a in range(ws):
-        for b in range(a + 1, ws):
-            if rank not in (a, b):
-                continue
-            p = b if rank == a else a
-            for step in (("send", "recv") if rank == a else ("recv", "send")):
-                for tag, count in ((1, 10), (2, 300_000)):
-                    if step == "send":
-                        sends.append(dist.isend(_data(rank, torch.float32, count, 1000 * p + tag), p, tag=tag))
-                    else:
-                        buf = torch.zeros(count)
-                        recvs.append((p, tag, count, buf, dist.irecv(buf, p, tag=tag)))
+    for p in range(ws):
+        if p == rank:
+            continue
+        for tag, count in ((1, 10), (2, 300_000)):
+            buf = torch.zeros(count)
+            recvs.append((p, tag, count, buf, dist.irecv(buf, p, tag=tag)))
+    for p in range(ws):
+        if p == rank:
+            continue
+        for tag, count in ((1, 10), (2, 300_000)):
+            sends.append(dist.isend(_data(rank, torch.float32, count, 1000 * p + tag), p, tag=tag))
     for w in sends:
         w.wait()
     for p, tag, count, buf, w in recvs:
@@ -101,34 +99,113 @@ def check_send_recv(rank, ws, fail):
 
 
 def check_p2p_out_of_order_tags(rank, ws, fail):
-    """Two messages to one peer received in the opposite tag order. collx runs
-    p2p in issue order (NCCL's rule) and checks the tag in the header: the
-    receiver must get a DistBackendError naming both tags (gloo would match by
-    tag; NCCL would swap the data silently) -- never wrong data, never a hang.
-    On its own short-timeout group, as the error is sticky."""
-    g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=5))
+    """Two messages to one peer, received in the opposite tag order: tags match
+    independently (gloo's semantics), so the receive of the second tag
+    completes before the first tag's is even posted. Small and large (the
+    large ones go by request and clearance) messages; then three messages with
+    one tag arrive in posting order."""
+    for count in (3, 300_000):
+        if rank == 0:
+            a = dist.isend(torch.full((count,), 1.0), 1, tag=1)
+            b = dist.isend(torch.full((count,), 2.0), 1, tag=2)
+            a.wait()
+            b.wait()
+            for k in range(3):
+                dist.send(torch.full((count,), 10.0 + k), 1, tag=3)
+        elif rank == 1:
+            x, y = torch.zeros(count), torch.zeros(count)
+            dist.irecv(y, 0, tag=2).wait()
+            dist.irecv(x, 0, tag=1).wait()
+            if not (torch.equal(x, torch.full((count,), 1.0)) and torch.equal(y, torch.full((count,), 2.0))):
+                fail(f"out-of-order tags count={count}: x={x[:3]} y={y[:3]}")
+            bufs = [torch.zeros(count) for _ in range(3)]
+            works = [dist.irecv(b, 0, tag=3) for b in bufs]
+            for k, (b, w) in enumerate(zip(bufs, works)):
+                w.wait()
+                if not torch.equal(b, torch.full((count,), 10.0 + k)):
+                    fail(f"same-tag messages out of order count={count}: message {k} got {b[:3]}")
+    dist.barrier()
+
+
+def check_ring_shift(rank, ws, fail):
+    """The gloo user's ring shift: irecv(prev); isend(next); wait -- on every
+    rank at once, at 4 KB and 16 MB, with all_reduce calls between the posts
+    and the waits, on a group per all-reduce algorithm."""
+    nxt, prv = (rank + 1) % ws, (rank - 1) % ws
+    for algo in ("auto", "ring", "tree", "star", "direct", "hier"):
+        g = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=algo))
+        for count in (1000, 4 << 20):
+            buf = torch.zeros(count)
+            reqs = [dist.irecv(buf, src=prv, group=g), dist.isend(torch.full((count,), float(rank)), dst=nxt, group=g)]
+            t = torch.full((1000,), float(rank))
+            dist.all_reduce(t, group=g)
+            for r in reqs:
+                r.wait()
+            if not torch.equal(buf, torch.full((count,), float(prv))):
+                fail(f"ring shift {algo} count={count}: got {buf[:3]}, expected {prv}")
+            if t[0].item() != sum(range(ws)):
+                fail(f"all_reduce between ring-shift posts ({algo}): got {t[0].item()}")
+            # An unmatched receive does not hold back later collectives.
+            late = torch.zeros(7)
+            w = dist.irecv(late, src=prv, group=g, tag=5)
+            t = torch.ones(count)
+            dist.all_reduce(t, group=g)
+            dist.barrier(group=g)
+            if t[-1].item() != ws:
+                fail(f"all_reduce behind an unmatched irecv ({algo}): got {t[-1].item()}")
+            dist.send(torch.full((7,), float(rank)), nxt, group=g, tag=5)
+            w.wait()
+            if not torch.equal(late, torch.full((7,), float(prv))):
+                fail(f"late-matched irecv ({algo}): got {late}")
+        dist.destroy_process_group(g)
+
+
+def check_p2p_mismatch(rank, ws, fail):
+    """A size or dtype mismatch fails the receive with a clear error before
+    its buffer is written (and a large send with it); the group goes on."""
+    for count, wrong in ((10, torch.zeros(12)), (10, torch.zeros(10, dtype=torch.int32)),
+                         (300_000, torch.zeros(300_001))):
+        wrong.fill_(-7)
+        if rank == 0:
+            kind, msg, _ = attempt(lambda: dist.send(torch.ones(count), 1, tag=8))
+            if count > 16384 and (kind != "DistBackendError" or "refused" not in msg):
+                fail(f"large send into a mismatched recv: {kind}: {msg}")
+        elif rank == 1:
+            kind, msg, _ = attempt(lambda: dist.recv(wrong, 0, tag=8))
+            if kind != "DistBackendError" or "mismatched send/recv with peer 0" not in msg or "rank 1" not in msg:
+                fail(f"mismatched recv of {count} into {wrong.numel()} x {wrong.dtype}: {kind}: {msg}")
+            if not torch.all(wrong == -7):
+                fail("a mismatched recv wrote to its buffer")
+        dist.barrier()
+    x = torch.full((5,), float(rank))
+    dist.all_reduce(x)
+    if x[0].item() != sum(range(ws)):
+        fail(f"all_reduce after p2p mismatches: {x}")
+    if rank < 2:
+        y = torch.zeros(5)
+        works = [dist.irecv(y, 1 - rank), dist.isend(torch.full((5,), float(rank)), 1 - rank)]
+        for w in works:
+            w.wait()
+        if y[0].item() != 1 - rank:
+            fail(f"send/recv after mismatches: {y}")
+
+
+def check_p2p_timeout(rank, ws, fail):
+    """A receive nobody sends to times out with gloo's wording, naming the
+    peer and the tag, on its own short-timeout group; the group stays usable."""
+    g = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=1))
     if rank == 0:
-        a = dist.isend(torch.full((3,), 1.0), 1, group=g, tag=1)
-        b = dist.isend(torch.full((3,), 2.0), 1, group=g, tag=2)
-        a.wait()
-        b.wait()
-    elif rank == 1:
-        x, y = torch.zeros(3), torch.zeros(3)
-        t0 = time.monotonic()
-        try:
-            wb = dist.irecv(y, 0, group=g, tag=2)
-            wa = dist.irecv(x, 0, group=g, tag=1)
-            wb.wait()
-            wa.wait()
-            if not (torch.equal(x, torch.full((3,), 1.0)) and torch.equal(y, torch.full((3,), 2.0))):
-                fail(f"out-of-order tags: no error but wrong data x={x} y={y}")
-        except Exception as e:
-            took = time.monotonic() - t0
-            if not isinstance(e, dist.DistBackendError) or "tag 1" not in str(e) or "tag 2" not in str(e):
-                fail(f"out-of-order tags: {type(e).__name__} not naming both tags: {e}")
-            if took > 3:
-                fail(f"out-of-order tags: the error took {took:.1f} s")
-    dist.barrier(group=launcher.gloo())
+        kind, msg, took = attempt(lambda: dist.recv(torch.zeros(4), 1, group=g, tag=42))
+        if kind != "DistBackendError" or " Timed out " not in msg or "peer 1" not in msg or "tag 42" not in msg:
+            fail(f"p2p timeout: {kind}: {msg}")
+        if not 0.9 < took < 10:
+            fail(f"p2p timeout of 1 s took {took:.1f} s")
+    dist.barrier()
+    y = torch.ones(3)
+    dist.all_reduce(y, group=g)
+    if y[0].item() != ws:
+        fail(f"all_reduce on the group after a p2p timeout: {y}")
+    dist.destroy_process_group(g)
 
 
 def check_batch_isend_irecv(rank, ws, fail):
@@ -203,6 +280,9 @@ def check_barrier_waits_for_async_work(rank, ws, fail):
 SUITE_CHECKS = [
     check_send_recv,
     check_p2p_out_of_order_tags,
+    check_ring_shift,
+    check_p2p_mismatch,
+    check_p2p_timeout,
     check_batch_isend_irecv,
     check_barrier_waits_for_async_work,
 ]

@@ -102,7 +102,8 @@ def check_reduce(rank, ws, fail):
 # ------------------------------------------------------------------ reduce_scatter
 
 def check_reduce_scatter(rank, ws, fail):
-    """reduce_scatter (list) and reduce_scatter_tensor (1-D and (ws, n) input),
+    """reduce_scatter (list), reduce_scatter_tensor (1-D input) and its torch
+    2.14 name reduce_scatter_single ((ws, n) input),
     SUM/AVG/MAX (+PREMUL_SUM for floats), every dtype, blocks 0/1/7/1000 and
     ~256K float32; vs local values and, for SUM/MAX, vs gloo."""
     gloo_unsupported = {}
@@ -126,9 +127,9 @@ def check_reduce_scatter(rank, ws, fail):
                 if m := mismatch(inp, x):
                     fail(f"reduce_scatter_tensor {where}: the input was modified: {m}")
                 out2 = torch.full((1, block), 1, dtype=dtype)
-                dist.reduce_scatter_tensor(out2, x.clone().view(ws, block), op=reduce_op(op))
+                dist.reduce_scatter_single(out2, x.clone().view(ws, block), op=reduce_op(op))
                 if m := mismatch(out2.view(-1), want, rtol, atol):
-                    fail(f"reduce_scatter_tensor (ws, n) {where}: {m}")
+                    fail(f"reduce_scatter_single (ws, n) {where}: {m}")
                 if op in ("SUM", "MAX") and block <= 1000:
                     ref = torch.empty(block, dtype=dtype)
                     if _gloo_try(lambda: dist.reduce_scatter_tensor(ref, x.clone(), op=reduce_op(op),

@@ -22,7 +22,8 @@ static_assert(sizeof(kOps) / sizeof(kOps[0]) == size_t(ReduceOp::kCount));
 constexpr const char* kKinds[] = {"all_reduce", "broadcast",      "all_gather", "barrier",
                                   "hello",      "reduce",         "reduce_scatter", "all_to_all",
                                   "gather",     "scatter",        "send/recv",
-                                  "abort",      "cancel"};
+                                  "abort",      "cancel",         "send request", "send clear",
+                                  "send data",  "send refusal"};
 static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == size_t(OpKind::kCount));
 
 template <typename T>

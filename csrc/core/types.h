@@ -45,9 +45,14 @@ enum class OpKind : uint8_t {
   kAllToAll,
   kGather,
   kScatter,
-  kP2P,  // send / recv; seq is the per-pair p2p count, tag the user's tag
+  kP2P,  // a small send, payload included (p2p channel; transport/p2p.h)
   kAbort,  // a rank failed; the payload says why
-  kCancel,  // a rank could not start collective #seq (bad input); tag: its kind, payload: why
+  kCancel,  // a rank could not start collective #seq (bad input); tag: its kind, payload: why.
+            // On the p2p channel: the sender withdrew send #seq
+  kP2PRequest,  // a large send asks to be cleared; bytes: its size, no payload
+  kP2PClear,    // the receiver has matched send #seq: send its data
+  kP2PData,     // the payload of cleared send #seq
+  kP2PRefuse,   // the receiver refused send #seq (size or dtype mismatch); payload: why
   kCount,
 };
 

@@ -26,9 +26,7 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
                            std::chrono::milliseconds timeout, Config config)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
-      timeout_(timeout),
-      p2pSent_(size, 0),
-      p2pReceived_(size, 0) {
+      timeout_(timeout) {
   StoreAdapter adapter(store);
   tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout};
   const auto start = Clock::now();
@@ -64,6 +62,8 @@ void CollxBackend::shutdown() {
     std::optional<pybind11::gil_scoped_release> noGil;
     if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
     executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
+    // Pending sends and receives fail now; their callbacks may take the GIL too.
+    device_->p2p().close(collx::str("collx rank ", rank_, ": the process group was shut down"));
   }
   device_->close();
 }
@@ -168,29 +168,6 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::barrier(const c10d::BarrierOptions&
   };
   return enqueue(c10d::OpType::BARRIER, OpKind::kBarrier, DataType::kUInt8, {}, opTimeout(opts.timeout, timeout_),
                  std::move(body));
-}
-
-void CollxBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*waitAllRanks*/) {
-  // Rank 0 hears from every rank, then releases them. A rank that does not
-  // arrive in time is named in rank 0's timeout error (all of them, so
-  // waitAllRanks is always honoured).
-  auto body = [](const Collective& c) {
-    uint8_t in = 0, out = 0;
-    std::vector<Transfer> sends, recvs;
-    std::vector<uint8_t> arrivals(c.size());
-    if (c.rank() == 0) {
-      for (int r = 1; r < c.size(); ++r) recvs.push_back({r, &arrivals[r], 1, c.frame(1)});
-      exchange(c, {}, recvs);
-      for (int r = 1; r < c.size(); ++r) sends.push_back({r, &out, 1, c.frame(2)});
-      exchange(c, sends, {});
-    } else {
-      exchange(c, {{0, &out, 1, c.frame(1)}}, {{0, &in, 1, c.frame(2)}});
-    }
-    return std::string("monitored_barrier/direct");
-  };
-  enqueue(c10d::OpType::BARRIER, OpKind::kBarrier, DataType::kUInt8, {}, opTimeout(opts.timeout, timeout_),
-          std::move(body))
-      ->wait(::kNoTimeout);
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> CollxBackend::getBackendOptions() {

@@ -71,6 +71,8 @@ class CollxBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
+  // ops_sparse.cc: a COO tensor, SUM (gloo's algorithm and results).
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   // all_reduce with the algorithm chosen per call (the DDP comm hook's
   // entry); `algorithm` kAuto defers to the cost model.
   c10::intrusive_ptr<c10d::Work> allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
@@ -103,8 +105,8 @@ class CollxBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
 
-  // ops_p2p.cc: send/recv run in issue order like collectives (NCCL's rule);
-  // batch_isend_irecv coalesces them into one exchange.
+  // ops_p2p.cc: send/recv progress on their own, as gloo's do;
+  // batch_isend_irecv posts a batch under one Work.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -114,7 +116,7 @@ class CollxBackend : public c10d::Backend {
 
   // backend.cc
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;  // monitored_barrier.cc
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setSequenceNumberForGroup() override {}  // sequence numbers start at 0 on every rank
   bool supportsSplitting() const override { return true; }
@@ -172,15 +174,14 @@ class CollxBackend : public c10d::Backend {
                                                const c10d::ReduceOp& op, Algorithm algorithm,
                                                std::chrono::milliseconds timeout);
 
-  // A send or receive recorded for the executor; seq numbers are drawn when it
-  // runs, so they follow execution order on both sides.
   struct P2POp {
     bool isSend;
-    int peer;  // -1: any source
+    int peer;  // kAnySource for a receive from any source
     int tag;
     at::Tensor tensor;
   };
-  c10::intrusive_ptr<c10d::Work> runP2P(std::vector<P2POp> ops, c10d::OpType type);
+  // Posts the ops on the p2p channel under one Work.
+  c10::intrusive_ptr<c10d::Work> postP2P(std::vector<P2POp> ops, c10d::OpType type);
   // Runs one send or receive, or records it while coalescing.
   c10::intrusive_ptr<c10d::Work> addP2P(P2POp op, c10d::OpType type);
 
@@ -191,7 +192,6 @@ class CollxBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   Workspace workspace_;  // the algorithms' scratch; one op runs at a time
   Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)
-  std::vector<uint64_t> p2pSent_, p2pReceived_;  // per peer; executor-side only
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<P2POp> coalesced_;

@@ -1,9 +1,13 @@
-// Point-to-point ops of CollxBackend. A send or receive runs on the group's
-// executor in issue order, like a collective (NCCL's rule), so one that is
-// waiting for its peer holds back later ops of the group. Between
-// startCoalescing and endCoalescing (batch_isend_irecv) the ops are recorded
-// and then posted all at once, so a batch may hold sends and receives that
-// depend on each other.
+// Point-to-point ops of CollxBackend, with gloo's semantics: each send and
+// receive is posted at once on the transport's p2p channel
+// (core/transport/p2p.h) and progresses there on its own, beside the
+// collectives and the other p2p ops; messages match by peer and tag. Between
+// startCoalescing and endCoalescing (batch_isend_irecv) the ops are recorded,
+// then posted together under one Work.
+//
+// Device tensors go through host mirrors (staging.h): a send's data is copied
+// down before it is posted, in the caller's thread; a receive's is copied up
+// when the last op of its Work completes.
 #include "backend.h"
 #include "op_helpers.h"
 #include "work.h"
@@ -19,45 +23,113 @@ void checkPeer(int peer, int rank, int size, const char* op) {
   if (peer == rank) fail(op, rank, "a rank cannot send to or receive from itself");
 }
 
+// The ops of one Work in flight: they share it, and the last to complete
+// finishes it. Holds the tensors (and their contiguous stand-ins) until then.
+struct P2PBatch {
+  std::vector<at::Tensor> tensors, bufs;
+  std::vector<bool> isRecv;
+  std::shared_ptr<Staging> staging;
+  c10::intrusive_ptr<CollxWork> work;
+  std::shared_ptr<std::atomic<int>> source;
+  std::string describe;  // "collx send (float32) failed on rank 0: "
+  std::atomic<size_t> left{0};
+  std::mutex mu;
+  std::string error;  // the first op's error, if any
+
+  void onDone(int src, std::exception_ptr e) {
+    if (e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (error.empty()) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          error = ex.what();
+        }
+      }
+    }
+    if (source && src >= 0) source->store(src);
+    if (--left == 0) finish();
+  }
+
+  void finish() {
+    std::exception_ptr failure;
+    try {
+      if (error.empty()) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (isRecv[i] && bufs[i].data_ptr() != tensors[i].data_ptr()) tensors[i].copy_(bufs[i]);
+        }
+        if (staging) staging->copyOut();
+      }
+    } catch (const std::exception& ex) {
+      error = ex.what();
+    }
+    if (!error.empty()) failure = distError(describe + error);
+    work->complete(failure);
+  }
+};
+
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> CollxBackend::runP2P(std::vector<P2POp> ops, c10d::OpType type) {
-  auto source = std::make_shared<std::atomic<int>>(-1);
+c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10d::OpType type) {
+  const char* what = ops.size() == 1 ? (ops[0].isSend ? "send" : "recv") : "batch_isend_irecv";
+  auto batch = std::make_shared<P2PBatch>();
   std::vector<at::Tensor> outputs;
   for (const auto& op : ops) {
     if (!op.isSend) outputs.push_back(op.tensor);
   }
-  const DataType dtype = ops.empty() ? DataType::kUInt8 : coreDtype(ops[0].tensor, "send/recv", rank_);
-  auto body = [this, ops, source](const Collective& c) {
-    std::vector<Transfer> sends, recvs;
-    std::vector<at::Tensor> bufs;
-    for (const auto& op : ops) {
-      int peer = op.peer;
-      if (peer < 0) {
-        peer = c.transport.waitForMessage(OpKind::kP2P, uint32_t(op.tag), c.deadline);
-        source->store(peer);
-      }
-      bufs.push_back(contiguousOf(op.tensor));
-      const at::Tensor& b = bufs.back();
-      uint64_t seq = op.isSend ? p2pSent_[peer]++ : p2pReceived_[peer]++;
-      Frame f{OpKind::kP2P, coreDtype(b, "send/recv", rank_), seq, uint32_t(op.tag)};
-      (op.isSend ? sends : recvs).push_back({peer, b.data_ptr(), size_t(b.nbytes()), f});
+  const DataType dtype = ops.empty() ? DataType::kUInt8 : coreDtype(ops[0].tensor, what, rank_);
+  batch->staging = Staging::current();
+  std::vector<c10::Device> devices;
+  if (batch->staging) {
+    outputs = batch->staging->deviceOf(outputs);  // the user's tensors, not the mirrors
+    devices = batch->staging->devices();
+    asDistError(what, rank_, [&] {
+      batch->staging->recordCaller();
+      batch->staging->copyIn();  // the sends' data, before they leave
+      return 0;
+    });
+  }
+  batch->work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq_.load(), std::move(devices));
+  batch->work->spinOn(device_->sharedP2P());
+  if (ops.size() == 1 && !ops[0].isSend && ops[0].peer == kAnySource) {
+    batch->source = std::make_shared<std::atomic<int>>(-1);
+    batch->work->setSourceSlot(batch->source);
+  }
+  batch->describe = collx::str("collx ", what, " (", name(dtype), ") failed on rank ", rank_, ": ");
+  for (const auto& op : ops) {
+    batch->tensors.push_back(op.tensor);
+    batch->bufs.push_back(contiguousOf(op.tensor));
+    batch->isRecv.push_back(!op.isSend);
+  }
+  {
+    std::lock_guard<std::mutex> lock(statsMutex_);
+    stats_.ops += ops.size();
+    if (batch->staging) ++stats_.stagedOps;
+    stats_.perAlgorithm["send_recv/p2p"].calls += ops.size();
+  }
+  // Keeps the Work from completing before every op is posted.
+  batch->left = ops.size() + 1;
+  const Deadline deadline = Clock::now() + timeout_;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const at::Tensor& b = batch->bufs[i];
+    P2PBuffer buffer{b.data_ptr(), size_t(b.nbytes()), coreDtype(b, what, rank_)};
+    auto done = [batch](int src, std::exception_ptr e) { batch->onDone(src, e); };
+    if (ops[i].isSend) {
+      device_->p2p().postSend(ops[i].peer, uint32_t(ops[i].tag), buffer, deadline, std::move(done));
+    } else {
+      device_->p2p().postRecv(ops[i].peer, uint32_t(ops[i].tag), buffer, deadline, std::move(done));
     }
-    exchange(c, sends, recvs);
-    for (size_t i = 0; i < ops.size(); ++i) {
-      if (!ops[i].isSend && bufs[i].data_ptr() != ops[i].tensor.data_ptr()) ops[i].tensor.copy_(bufs[i]);
-    }
-    return std::string("send_recv/direct");
-  };
-  auto work = enqueue(type, OpKind::kP2P, dtype, outputs, timeout_, std::move(body), /*collective=*/false);
-  if (ops.size() == 1 && !ops[0].isSend && ops[0].peer < 0) work->setSourceSlot(source);
-  return work;
+  }
+  batch->onDone(-1, nullptr);
+  if (logs(LogLevel::kTrace)) log(LogLevel::kTrace, collx::str(what, ": ", ops.size(), " op(s) posted"));
+  return batch->work;
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::addP2P(P2POp op, c10d::OpType type) {
   const char* name = op.isSend ? "send" : "recv";
   std::unique_lock<std::mutex> lock(coalesceMutex_);
   if (coalescing_) {
+    if (op.peer == kAnySource) fail("recv", rank_, "a receive from any source cannot be part of a coalesced batch");
     // The batch's device tensors share one staging, which goes with its one
     // Work; CPU tensors need none.
     if (!coalescedStaging_) coalescedStaging_ = stagingFor({op.tensor}, name);
@@ -74,7 +146,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::addP2P(P2POp op, c10d::OpType type)
   auto onHost = [&](at::Tensor& host) { return addP2P({op.isSend, op.peer, op.tag, host}, type); };
   if (auto w = onMirror(name, op.tensor, op.isSend, !op.isSend, onHost)) return w;
   checkTensor(op.tensor, name, rank_);
-  return runP2P({op}, type);
+  return postP2P({op}, type);
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -91,15 +163,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::recv(std::vector<at::Tensor>& tenso
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   checkSingle(tensors, "recv", rank_);
-  {
-    std::lock_guard<std::mutex> lock(coalesceMutex_);
-    if (coalescing_) fail("recv", rank_, "a receive from any source cannot be part of a coalesced batch");
-  }
-  if (auto w = onMirror("recv", tensors, false, true, [&](auto& host) { return recvAnysource(host, tag); })) {
-    return w;
-  }
-  checkTensor(tensors[0], "recv", rank_);
-  return runP2P({{false, -1, tag, tensors[0]}}, c10d::OpType::RECVANYSOURCE);
+  return addP2P({false, kAnySource, tag, tensors[0]}, c10d::OpType::RECVANYSOURCE);
 }
 
 void CollxBackend::startCoalescing() {
@@ -118,10 +182,14 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::endCoalescing() {
     ops.swap(coalesced_);
     staging.swap(coalescedStaging_);
   }
-  // With no p2p recorded (collectives coalesce in Python), this still returns
-  // a Work that completes after everything issued before it.
-  if (staging) return runStaged(staging, [&] { return runP2P(std::move(ops), c10d::OpType::COALESCED); });
-  return runP2P(std::move(ops), c10d::OpType::COALESCED);
+  if (ops.empty()) {
+    // Collectives coalesce in Python: this Work completes after every op
+    // issued before it, as the ordered executor runs them.
+    auto none = [](const Collective&) { return std::string("coalesced/none"); };
+    return enqueue(c10d::OpType::COALESCED, OpKind::kBarrier, DataType::kUInt8, {}, timeout_, none, false);
+  }
+  if (staging) return runStaged(staging, [&] { return postP2P(std::move(ops), c10d::OpType::COALESCED); });
+  return postP2P(std::move(ops), c10d::OpType::COALESCED);
 }
 
 }  // namespace collx::torch_glue

@@ -57,6 +57,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
   return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
+    if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors[0], opts);
     if (auto w = onMirror("all_reduce", tensors, true, true, [&](auto& host) { return allreduce(host, opts); })) {
       return w;
     }

@@ -24,6 +24,9 @@ bool CollxWork::wait(std::chrono::milliseconds timeout) {
   // Only an unbounded wait may run the op inline: one bounded by `timeout`
   // must return at that time (as gloo's does) while the op goes on.
   if (executor_ && timeout == ::kNoTimeout) executor_->runUntil(taskId_);
+  // A reply that comes within a loopback round trip or two is picked up here,
+  // without the progress thread's wakeup and then this thread's.
+  if (p2p_ && timeout == ::kNoTimeout) p2p_->spin([this] { return isCompleted(); }, std::chrono::microseconds(250));
   return c10d::Work::wait(timeout);
 }
 

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "core/executor.h"
+#include "core/transport/p2p.h"
 
 namespace collx::torch_glue {
 
@@ -34,6 +35,8 @@ class CollxWork : public c10d::Work {
 
   // Which executor task this is, for wait() to run it inline.
   void attach(std::shared_ptr<Executor> executor, uint64_t taskId);
+  // A p2p op: wait() drives the channel itself for a moment before it blocks.
+  void spinOn(std::shared_ptr<PointToPoint> p2p) { p2p_ = std::move(p2p); }
 
   // Completes the Future, then marks the work done (or failed).
   void complete(std::exception_ptr error);
@@ -41,6 +44,7 @@ class CollxWork : public c10d::Work {
  private:
   std::shared_ptr<Executor> executor_;
   uint64_t taskId_ = 0;
+  std::shared_ptr<PointToPoint> p2p_;
   std::shared_ptr<std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;

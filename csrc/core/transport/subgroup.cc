@@ -25,12 +25,4 @@ int SubgroupTransport::parentRank(int rank) const {
   return ranks_[size_t(rank)];
 }
 
-int SubgroupTransport::waitForMessage(OpKind kind, uint32_t tag, Deadline deadline) {
-  int peer = parent_.waitForMessage(kind, tag, deadline);
-  auto it = std::find(ranks_.begin(), ranks_.end(), peer);
-  COLLX_CHECK(it != ranks_.end(), "collx rank ", parent_.rank(), ": a ", name(kind), " message from rank ", peer,
-              ", which is outside the sub-group");
-  return int(it - ranks_.begin());
-}
-
 }  // namespace collx

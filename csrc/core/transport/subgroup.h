@@ -33,8 +33,6 @@ class SubgroupTransport : public Transport {
     parent_.postRecv(parentRank(peer), frame, data, bytes, cookie);
   }
   void waitSome(std::vector<uint64_t>& done, Deadline deadline) override { parent_.waitSome(done, deadline); }
-  // Throws if the sender found is not a member of the view.
-  int waitForMessage(OpKind kind, uint32_t tag, Deadline deadline) override;
   size_t pending() const override { return parent_.pending(); }
   TransportCounters counters() const override { return parent_.counters(); }
   void close() override {}  // the parent's connections are not the view's to close

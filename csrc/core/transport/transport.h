@@ -64,11 +64,6 @@ class Transport {
   // broken: queued ops are dropped and every later call throws the same error.
   virtual void waitSome(std::vector<uint64_t>& done, Deadline deadline) = 0;
 
-  // Blocks until some peer's next unread message is a `kind` message with
-  // `tag`, and returns that peer (a receive from any source). Peers with
-  // receives posted are not considered. Throws like waitSome.
-  virtual int waitForMessage(OpKind kind, uint32_t tag, Deadline deadline) = 0;
-
   // Number of posted ops not yet returned by waitSome.
   virtual size_t pending() const = 0;
 

@@ -33,8 +33,11 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
   hosts_ = mesh.hosts;
   address_ = mesh.address;
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[peer]), &cancelled_);
+    if (peer != rank) {
+      pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[kCollectives][peer]), &cancelled_);
+    }
   }
+  p2p_ = std::make_shared<P2PEngine>(rank, std::move(mesh.sockets[kPointToPoint]));
   // Pure busy-polling only pays while every local rank has a core of its
   // own; with more ranks than cores a waiter yields between polls instead.
   hostCount_ = hosts_.empty() ? 1 : *std::max_element(hosts_.begin(), hosts_.end()) + 1;  // dense indices
@@ -54,6 +57,7 @@ void Device::closeSockets() {
 }
 
 void Device::close() {
+  p2p_->close(str("collx rank ", rank_, ": the process group was shut down"));
   closeSockets();
   if (error_.empty()) error_ = str("collx rank ", rank_, ": the process group was shut down");
   pending_ = 0;
@@ -136,7 +140,7 @@ void Device::timeout() {
     if (!p || (!p->wantsRead() && !p->wantsWrite())) continue;
     what += str(what.empty() ? "" : "; ", "peer ", p->peer(), ": ", p->describePending());
   }
-  breakWith(TimeoutError(str("collx rank ", rank_, ": timed out waiting for ", what)), true);
+  breakWith(TimeoutError(str("collx rank ", rank_, ": Timed out waiting for ", what)), true);
 }
 
 void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
@@ -191,41 +195,12 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   }
 }
 
-int Device::waitForMessage(OpKind kind, uint32_t tag, Deadline deadline) {
-  throwIfBroken();
-  std::vector<pollfd> fds;
-  try {
-    for (;;) {
-      fds.clear();
-      for (auto& p : pairs_) {
-        if (!p || p->wantsRead()) continue;
-        FrameHeader h;
-        if (!p->peekHeader(h)) {
-          fds.push_back({p->fd(), POLLIN, 0});
-        } else if (h.kind == uint8_t(kind) && h.tag == tag) {
-          return p->peer();
-        }  // else another message waits there first: not ours
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) {
-        breakWith(TimeoutError(str("collx rank ", rank_, ": timed out waiting for a ", name(kind), " message with tag ",
-                                   tag, " from any source")),
-                  true);
-      }
-      int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
-      if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
-    }
-  } catch (const TimeoutError&) {
-    throw;
-  } catch (const Error& e) {
-    if (error_.empty()) breakWith(e, false);
-    throw;
-  }
-}
-
 TransportCounters Device::counters() const {
+  TransportCounters c = p2p_->counters();
   std::lock_guard<std::mutex> lock(countersMutex_);
-  return counters_;
+  c.bytesSent += counters_.bytesSent;
+  c.bytesReceived += counters_.bytesReceived;
+  return c;
 }
 
 }  // namespace collx::tcp

@@ -1,6 +1,8 @@
 // The TCP transport of one group: a full mesh of Pairs, set up through the
 // Store, and the poll loop that drives them (the progress engine). Progress
 // runs in the thread that waits, so a collective costs no thread handoffs.
+// Point-to-point ops have connections and a progress thread of their own
+// (p2p()), so they never queue behind the collectives nor hold them back.
 #pragma once
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "../../store.h"
+#include "p2p_engine.h"
 #include "pair.h"
 
 namespace collx::tcp {
@@ -37,7 +40,6 @@ class Device : public Transport {
                 uint64_t cookie) override;
   void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
   void waitSome(std::vector<uint64_t>& done, Deadline deadline) override;
-  int waitForMessage(OpKind kind, uint32_t tag, Deadline deadline) override;
   size_t pending() const override { return pending_; }
   TransportCounters counters() const override;
   void close() override;
@@ -47,6 +49,11 @@ class Device : public Transport {
   // #seq fails now instead of at its timeout, while peers that cancelled #seq
   // too skip this rank's frame and the group stays usable.
   void cancel(uint64_t seq, OpKind kind, const std::string& why, Deadline deadline);
+
+  // Sends and receives outside the collective order (thread-safe).
+  PointToPoint& p2p() { return *p2p_; }
+  // For holders that may outlive the Device (a Work waited on after destroy).
+  std::shared_ptr<PointToPoint> sharedP2P() const { return p2p_; }
 
   // Thread-safe: makes a waitSome blocked in another thread fail promptly
   // with "shut down" (used by Backend::shutdown with an op in flight).
@@ -63,6 +70,7 @@ class Device : public Transport {
   int rank_;
   int size_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self
+  std::shared_ptr<P2PEngine> p2p_;
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)
   int hostCount_ = 1;
   std::string address_;                       // published "host:port"

@@ -216,7 +216,7 @@ void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {
                     describe(op.expect.kind, op.expect.dtype, op.expect.seq, op.expect.tag,
                              op.bytes)));
   }
-  if (h.kind != uint8_t(OpKind::kP2P) && h.seq != op.expect.seq && cancelled_ && cancelled_->count(h.seq)) {
+  if (h.seq != op.expect.seq && cancelled_ && cancelled_->count(h.seq)) {
     throw Error(str("collx rank ", rank_, ": peer ", peer_, " ran ",
                     describe(OpKind(h.kind), DataType(h.dtype), h.seq, h.tag, h.bytes),
                     ", which this rank rejected (its input was invalid here), so the group is out of step"));
@@ -289,19 +289,6 @@ void Pair::checkControl() {
     if (h.magic != kFrameMagic) return;
     if (h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
   } while (h.kind == uint8_t(OpKind::kCancel) && skipCancel(h));
-}
-
-bool Pair::peekHeader(FrameHeader& header) {
-  for (;;) {
-    if (!fill(sizeof(FrameHeader))) return false;
-    memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
-    if (header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kAbort)) throwAbort(header);
-    // A cancel of a collective this rank has not reached is not ours: leave it.
-    bool skippable = header.magic == kFrameMagic && header.kind == uint8_t(OpKind::kCancel) && cancelled_ &&
-                     cancelled_->count(header.seq);
-    if (!skippable) return true;
-    if (!skipCancel(header)) return false;
-  }
 }
 
 std::string Pair::describePending() const {

@@ -32,10 +32,6 @@ class Pair {
   void progressSend(std::vector<uint64_t>& done);
   void progressRecv(std::vector<uint64_t>& done);
 
-  // The header of the next unread message, if it has arrived (no receive
-  // may be posted). Throws like progressRecv.
-  bool peekHeader(FrameHeader& header);
-
   // For a pair this rank only sends to: reads what the peer sent meanwhile and
   // throws if it is an abort, a cancel of an op not cancelled here, or the
   // end of the connection, so that a sender blocked on a peer that will not

@@ -37,19 +37,19 @@ struct Pending {
   Deadline until;
 };
 
-// Accepts until `missing` higher ranks have said hello, reading every
+// Accepts until `missing` connections from higher ranks have said hello, reading every
 // accepted connection at once: a stranger that stays silent or sends half a
 // hello holds up nobody; it is dropped after kHelloTimeout, as is anything
 // that is not our hello (wrong magic, token, generation, rank; garbage).
-void acceptPeers(const Socket& listener, std::vector<Socket>& sockets, int rank, int size, uint64_t generation,
+void acceptPeers(const Socket& listener, std::vector<Socket>* sockets, int rank, int size, uint64_t generation,
                  uint64_t token, int missing, Deadline deadline, std::chrono::milliseconds timeout) {
   std::vector<Pending> pending;
   std::vector<pollfd> fds;
   while (missing > 0) {
     const Deadline now = Clock::now();
     if (now >= deadline) {
-      throw TimeoutError(str("collx rank ", rank, ": timed out after ", timeout.count(), " ms waiting for ", missing,
-                             " higher rank(s) to connect"));
+      throw TimeoutError(str("collx rank ", rank, ": Timed out after ", timeout.count(), " ms waiting for ", missing,
+                             " connection(s) from higher ranks"));
     }
     pending.erase(std::remove_if(pending.begin(), pending.end(), [&](const Pending& p) { return p.until <= now; }),
                   pending.end());
@@ -79,9 +79,10 @@ void acceptPeers(const Socket& listener, std::vector<Socket>& sockets, int rank,
       }
       const Hello& h = p.hello;
       bool ours = h.magic == kHelloMagic && h.token == token && h.generation == generation && h.size == size &&
-                  h.rank > rank && h.rank < size && !sockets[h.rank].valid();
+                  h.rank > rank && h.rank < size && h.channel < kChannels &&
+                  !sockets[h.channel][h.rank].valid();
       if (!ours) continue;  // a stranger or a stale peer: drop it
-      sockets[h.rank] = std::move(p.socket);
+      sockets[h.channel][h.rank] = std::move(p.socket);
       --missing;
     }
     pending.swap(still);
@@ -102,8 +103,7 @@ void acceptPeers(const Socket& listener, std::vector<Socket>& sockets, int rank,
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
                  std::chrono::milliseconds timeout) {
   Mesh mesh;
-  mesh.sockets.resize(size);
-  std::vector<Socket>& sockets = mesh.sockets;
+  for (auto& channel : mesh.sockets) channel.resize(size);
   if (size == 1) {
     mesh.hosts = {0};
     return mesh;
@@ -138,17 +138,20 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
     if (it == hostNames.end()) hostNames.push_back(host);
   }
 
-  const Hello mine{kHelloMagic, rank, size, 0, generation, token};
   for (int peer = 0; peer < rank; ++peer) {
-    const Address& addr = addrs[peer];
-    Socket s = connectTo(addr, deadline);
-    COLLX_CHECK(writeAll(s, &mine, sizeof(mine), deadline), "collx rank ", rank,
-                ": could not send hello to peer ", peer, " at ", addr.str());
-    sockets[peer] = std::move(s);
+    for (uint32_t channel = 0; channel < kChannels; ++channel) {
+      const Hello mine{kHelloMagic, rank, size, channel, generation, token};
+      const Address& addr = addrs[peer];
+      Socket s = connectTo(addr, deadline);
+      COLLX_CHECK(writeAll(s, &mine, sizeof(mine), deadline), "collx rank ", rank,
+                  ": could not send hello to peer ", peer, " at ", addr.str());
+      mesh.sockets[channel][peer] = std::move(s);
+    }
   }
 
   listener.setNonBlocking(true);  // accept4 must not block on a connection reset before it
-  acceptPeers(listener, sockets, rank, size, generation, token, size - 1 - rank, deadline, timeout);
+  acceptPeers(listener, mesh.sockets, rank, size, generation, token, (size - 1 - rank) * int(kChannels), deadline,
+              timeout);
   return mesh;  // the listener closes here: nobody can connect any more
 }
 

@@ -6,7 +6,7 @@
 //   2. rank 0 draws a random token and publishes it; every hello carries it.
 //   3. every rank listens on an ephemeral port and publishes "host:port".
 //   4. rank r connects to every rank below it and accepts every rank above
-//      it. A connection whose hello is not ours (wrong magic, token, rank or
+//      it, once per channel (the hello names the channel). A connection whose hello is not ours (wrong magic, token, rank or
 //      generation; garbage; closed early) is dropped and accepting goes on;
 //      hellos are read from all accepted connections at once, so a silent or
 //      half-sent one holds up nobody (it is dropped after 10 s).
@@ -24,8 +24,12 @@
 
 namespace collx::tcp {
 
+// Channels: independent connections between each pair, for traffic that must
+// not queue behind another's (kCollectives in op order, kP2P by tag).
+enum Channel : uint32_t { kCollectives = 0, kPointToPoint = 1, kChannels = 2 };
+
 struct Mesh {
-  std::vector<Socket> sockets;  // one per peer; invalid at index `rank`
+  std::vector<Socket> sockets[kChannels];  // per channel, one per peer; invalid at index `rank`
   std::vector<int> hosts;       // host index per rank: equal published host address, equal index
   std::string address;          // the "host:port" this rank published (empty for a group of 1)
 };

@@ -244,7 +244,7 @@ Socket connectTo(const Address& addr, Deadline deadline) {
     int err = rc == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
       if (!waitFor(s.fd(), POLLOUT, deadline)) {
-        throw TimeoutError(str("collx: timed out connecting to ", addr.str()));
+        throw TimeoutError(str("collx: Timed out connecting to ", addr.str()));
       }
       socklen_t len = sizeof(err);
       getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &err, &len);

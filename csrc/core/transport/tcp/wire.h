@@ -29,7 +29,7 @@ struct Hello {
   uint32_t magic;
   int32_t rank;
   int32_t size;
-  uint32_t reserved;
+  uint32_t channel;  // which of the pair's connections this is (rendezvous.h)
   uint64_t generation;
   uint64_t token;  // per-group secret published through the Store
 };

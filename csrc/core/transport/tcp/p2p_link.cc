@@ -1,0 +1,135 @@
+#include "p2p_link.h"
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "../../error.h"
+
+namespace collx::tcp {
+
+namespace {
+constexpr size_t kRxBufferBytes = 64 << 10;
+// Payload remainders at least this large are read in place, not through rx_.
+constexpr size_t kDirectReadBytes = 16 << 10;
+constexpr int kMaxIov = 64;
+constexpr const char* kClosed = "was closed by the peer (peer process exited or destroyed its group)";
+}  // namespace
+
+P2PLink::P2PLink(int rank, int peer, Socket socket)
+    : rank_(rank), peer_(peer), socket_(std::move(socket)), rx_(kRxBufferBytes) {
+  socket_.setNoDelay();
+  socket_.setNonBlocking(true);
+}
+
+void P2PLink::fail(const std::string& what, int err) const {
+  if (err == ECONNRESET || err == EPIPE) {
+    throw Error(str("collx rank ", rank_, ": p2p connection to peer ", peer_, " ", kClosed, ": ", strerror(err)));
+  }
+  throw Error(str("collx rank ", rank_, ": p2p connection to peer ", peer_, " ", what,
+                  err ? str(": ", strerror(err)) : std::string()));
+}
+
+void P2PLink::queue(const FrameHeader& header, const void* payload, uint64_t id) {
+  frames_.push_back({header, static_cast<const char*>(payload), payload ? size_t(header.bytes) : 0, 0, id});
+}
+
+bool P2PLink::unqueue(uint64_t id) {
+  auto it = std::find_if(frames_.begin(), frames_.end(), [&](const Outgoing& o) { return o.id == id; });
+  if (it == frames_.end() || it->done > 0) return false;
+  frames_.erase(it);
+  return true;
+}
+
+bool P2PLink::writing(uint64_t id) const {
+  return !frames_.empty() && frames_.front().id == id && frames_.front().done > 0;
+}
+
+void P2PLink::write(std::vector<uint64_t>& written) {
+  while (!frames_.empty() && socket_.valid()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = frames_.begin(); it != frames_.end() && n + 2 <= kMaxIov; ++it) {
+      size_t off = it->done;
+      if (off < sizeof(FrameHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&it->header) + off, sizeof(FrameHeader) - off};
+        off = sizeof(FrameHeader);
+      }
+      if (off - sizeof(FrameHeader) < it->bytes) {
+        iov[n++] = {const_cast<char*>(it->payload) + (off - sizeof(FrameHeader)), it->bytes - (off - sizeof(FrameHeader))};
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = size_t(n);
+    ssize_t rc = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      fail("failed while sending", errno);
+    }
+    for (size_t left = size_t(rc); left > 0;) {
+      Outgoing& o = frames_.front();
+      size_t take = std::min(left, sizeof(FrameHeader) + o.bytes - o.done);
+      o.done += take;
+      left -= take;
+      if (o.done == sizeof(FrameHeader) + o.bytes) {
+        written.push_back(o.id);
+        frames_.pop_front();
+      }
+    }
+  }
+}
+
+bool P2PLink::fill(size_t want) {
+  if (rxEnd_ - rxBegin_ >= want) return true;
+  if (rxBegin_ > 0) {
+    memmove(rx_.data(), rx_.data() + rxBegin_, rxEnd_ - rxBegin_);
+    rxEnd_ -= rxBegin_;
+    rxBegin_ = 0;
+  }
+  while (rxEnd_ < want) {
+    if (!socket_.valid()) return false;
+    ssize_t rc = ::recv(socket_.fd(), rx_.data() + rxEnd_, rx_.size() - rxEnd_, MSG_DONTWAIT);
+    if (rc > 0) {
+      rxEnd_ += size_t(rc);
+    } else if (rc == 0) {
+      fail(kClosed, 0);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return false;
+    } else if (errno != EINTR) {
+      fail("failed while receiving", errno);
+    }
+  }
+  return true;
+}
+
+bool P2PLink::readHeader(FrameHeader& header) {
+  if (!fill(sizeof(FrameHeader))) return false;
+  memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
+  rxBegin_ += sizeof(header);
+  if (header.magic != kFrameMagic) fail("delivered a corrupt frame (bad magic)", 0);
+  return true;
+}
+
+size_t P2PLink::readPayload(char* dst, size_t want) {
+  if (want == 0) return 0;
+  if (rxEnd_ > rxBegin_ || want < kDirectReadBytes || !dst) {
+    if (!fill(1)) return 0;
+    size_t take = std::min(rxEnd_ - rxBegin_, want);
+    if (dst) memcpy(dst, rx_.data() + rxBegin_, take);
+    rxBegin_ += take;
+    return take;
+  }
+  for (;;) {
+    ssize_t rc = ::recv(socket_.fd(), dst, want, MSG_DONTWAIT);
+    if (rc > 0) return size_t(rc);
+    if (rc == 0) fail(kClosed, 0);
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    if (errno != EINTR) fail("failed while receiving", errno);
+  }
+}
+
+}  // namespace collx::tcp
