@@ -152,6 +152,14 @@ def check_moving_collectives(rank, ws, fail):
 
     g, c = both(ring_p2p, [torch.zeros(120_000)], [data(120_000, 7)])
     _same_as_cpu(fail, "batch_isend_irecv ring", g[0], c[0])
+
+    def ring_shift(outs, ins):  # gloo users' form: no batch, the receive posted first
+        reqs = [dist.irecv(outs[0], (rank - 1) % ws), dist.isend(ins[0], (rank + 1) % ws)]
+        for w in reqs:
+            w.wait()
+
+    g, c = both(ring_shift, [torch.zeros(1 << 20)], [data(1 << 20, 9)])
+    _same_as_cpu(fail, "irecv/isend ring shift", g[0], c[0])
     if rank < 2:
         t = data(5000, 8).to(DEV) if rank == 0 else torch.zeros(5000, device=DEV)
         (dist.send if rank == 0 else dist.recv)(t, 1 - rank)

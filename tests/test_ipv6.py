@@ -75,10 +75,10 @@ def _over_ipv6(rank, ws, port):
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
 def test_collx_connections_are_ipv6(ws):
     """file:// rendezvous, so every TCP connection of a rank is collx's own:
-    all of them IPv6, one per peer."""
+    all of them IPv6, two per peer (the collectives' channel and the p2p one)."""
     res = run_ranks(_over_ipv6, ws, timeout=120, env=IPV6_ENV, args=(None,))
     for rank, fam in enumerate(res):
-        assert fam["tcp"] == 0 and fam["tcp6"] == ws - 1, f"rank {rank}: established connections {fam}"
+        assert fam["tcp"] == 0 and fam["tcp6"] == 2 * (ws - 1), f"rank {rank}: established connections {fam}"
 
 
 @needs_ipv6

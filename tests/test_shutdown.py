@@ -1,4 +1,5 @@
-"""Shutdown: init/destroy cycles leak no threads and no file descriptors, and
+"""Shutdown: init/destroy cycles (with collectives in flight and p2p ops
+unmatched at destroy) leak no threads and no file descriptors, and
 an interpreter that exits with collx ops in flight (never waited, no
 destroy_process_group) neither crashes nor hangs.
 """
@@ -47,7 +48,24 @@ def _cycles(rank, ws, port):
         assert torch.equal(x, torch.full_like(x, ws * ws)), (cycle, x[:3])
         for _ in range(3):
             dist.all_reduce(torch.ones(1 << 16), async_op=True)  # in flight at destroy
+        # p2p ops pending at destroy: a receive nobody sends to, a small send
+        # and a large one nobody receives (parked at the peer, and one asking
+        # to be cleared), a matched ring shift on the subgroup.
+        peer = 1 - rank
+        unmatched = [dist.irecv(torch.zeros(100), peer, tag=9),
+                     dist.isend(torch.ones(100), peer, tag=10), dist.isend(torch.ones(1 << 18), peer, tag=11)]
+        shifted = torch.zeros(1 << 18)
+        for w in [dist.irecv(shifted, peer, group=g), dist.isend(torch.full((1 << 18,), float(rank)), peer, group=g)]:
+            w.wait()
+        assert shifted[0].item() == peer, (cycle, shifted[:3])
+        t0 = time.monotonic()
         dist.destroy_process_group()
+        assert time.monotonic() - t0 < 5, f"destroy with p2p pending took {time.monotonic() - t0:.1f} s"
+        try:
+            unmatched[0].wait()
+            raise AssertionError("an unmatched irecv completed after destroy")
+        except dist.DistBackendError as e:
+            assert "shut down" in str(e) or "closed by the peer" in str(e), str(e)
     time.sleep(0.5)  # let finished threads leave /proc/self/task
     counts.append(_counts())
     return counts

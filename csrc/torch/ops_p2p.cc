@@ -32,6 +32,7 @@ struct P2PBatch {
   c10::intrusive_ptr<CollxWork> work;
   std::shared_ptr<std::atomic<int>> source;
   std::string describe;  // "collx send (float32) failed on rank 0: "
+  std::function<void(const std::string& error)> report;  // stats and log lines, once finished
   std::atomic<size_t> left{0};
   std::mutex mu;
   std::string error;  // the first op's error, if any
@@ -64,6 +65,7 @@ struct P2PBatch {
       error = ex.what();
     }
     if (!error.empty()) failure = distError(describe + error);
+    report(error);
     work->complete(failure);
   }
 };
@@ -101,12 +103,27 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
     batch->bufs.push_back(contiguousOf(op.tensor));
     batch->isRecv.push_back(!op.isSend);
   }
-  {
-    std::lock_guard<std::mutex> lock(statsMutex_);
-    stats_.ops += ops.size();
-    if (batch->staging) ++stats_.stagedOps;
-    stats_.perAlgorithm["send_recv/p2p"].calls += ops.size();
-  }
+  const auto start = Clock::now();
+  batch->report = [this, what, dtype, n = ops.size(), staged = bool(batch->staging), start,
+                   describe = batch->describe](const std::string& error) {
+    if (!error.empty()) {
+      if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe + error);
+      return;
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+    {
+      std::lock_guard<std::mutex> lock(statsMutex_);
+      stats_.ops += n;
+      if (staged) ++stats_.stagedOps;
+      auto& s = stats_.perAlgorithm["send_recv/p2p"];
+      s.calls += n;
+      s.seconds += secs;
+    }
+    if (logs(LogLevel::kTrace)) {
+      log(LogLevel::kTrace, collx::str(what, " (", name(dtype), "): ", n, " op(s), send_recv/p2p", staged ? " staged" : "",
+                                       ", ", collx::str(secs * 1e3), " ms"));
+    }
+  };
   // Keeps the Work from completing before every op is posted.
   batch->left = ops.size() + 1;
   const Deadline deadline = Clock::now() + timeout_;
@@ -121,7 +138,6 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
     }
   }
   batch->onDone(-1, nullptr);
-  if (logs(LogLevel::kTrace)) log(LogLevel::kTrace, collx::str(what, ": ", ops.size(), " op(s) posted"));
   return batch->work;
 }
 
