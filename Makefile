@@ -13,7 +13,7 @@ PY := $(VENV)/bin/python
 TORCHRUN := $(VENV)/bin/torchrun
 SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
 
-.PHONY: demo test test-cpp test-py bench sanitize sanitize-address sanitize-thread setup build clean
+.PHONY: demo test test-cpp test-py bench torch-suite sanitize sanitize-address sanitize-thread setup build clean
 
 demo: build
 	$(TORCHRUN) --nproc_per_node=4 examples/train_ddp.py
@@ -48,6 +48,13 @@ test-py: build
 bench: build
 	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py
 	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py
+
+# PyTorch's own distributed suite (distributed_test.py in the wheel) on gloo and
+# on collx standing in for gloo, side by side per family (tens of minutes each).
+torch-suite: build
+	$(VENV)/bin/pip install -q expecttest
+	$(PY) scripts/torch_suite.py --world-size 2
+	$(PY) scripts/torch_suite.py --world-size 4
 
 # The C++ core under AddressSanitizer and ThreadSanitizer (the core only, no
 # torch: a few minutes). CI runs sanitize-address after the tests.

@@ -41,11 +41,11 @@ def measure(fn, seconds, sync):
     for _ in range(3):
         fn()
     sync()
-    t0, calls = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds / 4:
+    t0 = time.perf_counter()
+    for _ in range(5):  # the same number of calls on every rank: they pair up
         fn()
-        calls += 1
-    iters = int(agreed_max(max(10, int(calls * 4))))
+    per_call = agreed_max(time.perf_counter() - t0) / 5
+    iters = int(agreed_max(min(2000, max(10, int(seconds / per_call)))))
     sync()
     times = []
     for _ in range(iters):

@@ -82,7 +82,8 @@ std::string joined(const std::vector<int>& ranks) {
 }  // namespace
 
 void CollxBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  const auto timeout = opTimeout(opts.timeout, timeout_);
+  // 0 is a timeout here (gloo's test passes it), only kUnsetTimeout (-1) is unset.
+  const auto timeout = opts.timeout.count() >= 0 ? opts.timeout : timeout_;
   const Deadline deadline = Clock::now() + timeout;
   const uint64_t tag = kMonitoredBarrierTags;
   PointToPoint& p2p = device_->p2p();
@@ -111,6 +112,7 @@ void CollxBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitA
       p2p.postRecv(r, tag, {&arrivals[size_t(r)], 1, DataType::kUInt8}, deadline, w.done(w.add()));
     }
     w.wait();
+    timedOut = Clock::now() >= deadline;  // also when a peer's failure came first
     for (int r = 1; r < size_; ++r) {
       const std::string& e = w.error(size_t(r - 1));
       (e.empty() ? arrived : missing).push_back(r);
