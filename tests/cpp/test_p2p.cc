@@ -210,6 +210,31 @@ void testTimeoutAndClose() {
   });
 }
 
+// A message that fully arrived before its sender left is still received,
+// even when the receive is posted after the connection closed.
+void testReceiveAfterSenderLeft() {
+  Group g(2);
+  test::runRanks(2, [&](int r) {
+    auto& p2p = g.devices[r]->p2p();
+    std::vector<float> buf(10, float(r + 1));
+    if (r == 1) {
+      Outcome s;
+      p2p.postSend(0, 6, floats(buf), within(30s), s.callback());
+      s.expectOk("send before leaving");
+      g.devices[1]->close();
+      return;
+    }
+    Outcome probe;  // fails once this rank has seen the connection close
+    std::vector<float> other(3);
+    p2p.postRecv(1, 99, floats(other), within(30s), probe.callback());
+    probe.expectError("recv from a peer that left", "closed by the peer");
+    Outcome late;
+    p2p.postRecv(1, 6, floats(buf), within(30s), late.callback());
+    late.expectOk("recv of a message that arrived before its sender left");
+    CHECK(buf[9] == 2.0f, "wrong data ", buf[9]);
+  });
+}
+
 // A posted, unmatched receive holds back neither collectives nor sends.
 void testWithCollectives(int n) {
   Group g(n);
@@ -248,6 +273,7 @@ int main() {
     testAnySource(n, 70000);
   }
   testTimeoutAndClose();
+  testReceiveAfterSenderLeft();
   for (int n : {2, 3}) testWithCollectives(n);
   std::printf("test_p2p: all passed\n");
   return 0;

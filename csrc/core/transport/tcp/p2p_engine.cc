@@ -88,11 +88,16 @@ void P2PEngine::postRecv(int peer, uint64_t tag, P2PBuffer buffer, Deadline dead
   auto it = recvs_.emplace(id, Op{peer, tag, buffer, deadline, Clock::now(), std::move(done)}).first;
   if (!closed_.empty()) {
     finish(recvs_, it, error(str(closed_, " (", describe(it->second, false), ")")));
-  } else if (peer != kAnySource && !links_[peer]->alive()) {
-    finish(recvs_, it, error(str(linkError_[peer], " (", describe(it->second, false), ")")));
   } else {
+    // A message that fully arrived before its sender left is still received.
     matchParked(it);
-    if (recvs_.count(id)) failIfNoPeers();
+    if (recvs_.count(id) && !it->second.matched) {
+      if (peer != kAnySource && !links_[peer]->alive()) {
+        finish(recvs_, it, error(str(linkError_[peer], " (", describe(it->second, false), ")")));
+      } else {
+        failIfNoPeers();
+      }
+    }
   }
   if (recvs_.count(id)) startThread();
   kick();
