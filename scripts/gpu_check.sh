@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One-shot GPU check, run on the GPU machine (H100, torch 2.11 + CUDA 13, no
 # network) as:  bash scripts/gpu_check.sh OUTDIR
-# Builds collx there with its CUDA kernels, runs the kernel tests (CPU and
-# CUDA twins), the kernel benchmark, the CUDA-tensor tests (2 and 4 ranks on
-# one GPU), and the all-reduce benchmark on CUDA and on CPU tensors, collx
-# beside gloo (and on CUDA with reductions on the host). Writes summary.txt and
-# gpu_check.tar.gz (logs, JSON, figures) into OUTDIR (about 6 minutes).
+# Builds collx there with its CUDA kernels, runs every CUDA test (kernels,
+# collectives and DDP at 2 and 4 ranks on one GPU), the kernel benchmark, the
+# DDP hook's staging benchmark, and the all-reduce benchmark on CUDA and on CPU
+# tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
+# gpu_check.tar.gz (logs, JSON, figures) into OUTDIR.
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -37,20 +37,25 @@ run() {  # name, timeout, command...: a failure's last lines go into the summary
   [ $rc = 0 ] || tail -60 "$W/$name.txt" >> "$W/summary.txt"
   pack
 }
-run test_kernels 120 $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider
+# Every CUDA test, one pytest worker per file (a file's cases share their rank
+# launches): the kernels, the collectives at 2 and 4 ranks on cuda:0, the DDP
+# hook's CUDA buckets at 2 and 4 ranks. -rs lists skips: here a skip is a failure.
+run tests 420 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
+  tests/test_cuda.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda
 run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
-run test_cuda 300 $PY -m pytest tests/test_cuda.py -q -p no:cacheprovider
-# Issue 4's targets: CUDA tensors vs gloo on the same CUDA tensors, and vs
-# collx's own CPU-tensor busbw on this machine; 4 ranks share cuda:0.
-bench() {  # name, device, sizes
-  run "$1" 150 $PY -m torch.distributed.run --nproc_per_node=4 benchmarks/allreduce.py --device "$2" \
-    --algos ring,auto --sizes "$3" --time-per-point 0.3 --no-loopback --plot "$W/$1.png" \
-    --json "$W/$1.json"
+# The DDP hook's own pinned staging against the backend's device path.
+for n in 2 4; do
+  run bench_hook_staging_n$n 150 $PY -m torch.distributed.run --nproc_per_node=$n benchmarks/hook_staging.py \
+    --sizes 1M,25M --iters 10
+done
+# Issue 13's targets: CUDA tensors vs gloo on the same CUDA tensors, and vs
+# collx's own CPU-tensor busbw on this machine; the ranks share cuda:0.
+bench() {  # name, ranks, device, sizes
+  run "$1" 150 $PY -m torch.distributed.run --nproc_per_node=$2 benchmarks/allreduce.py --device "$3" \
+    --algos auto --sizes "$4" --time-per-point 0.3 --no-loopback --plot "$W/$1.png" --json "$W/$1.json"
 }
-bench bench_allreduce_cuda_n4 cuda 4,64K,1M,16M,64M
-bench bench_allreduce_cpu_n4 cpu 4,64K,1M,16M,64M
-# The same CUDA tensors with every reduction on the host, to tune
-# COLLX_DEVICE_REDUCE_MIN_BYTES: 4 ranks share one GPU's PCIe link, and a
-# reduction on the GPU moves 2 buffers across it where the host moves none.
-COLLX_DEVICE_REDUCE_MIN_BYTES=off bench bench_allreduce_cuda_n4_host_reduce cuda 1M,16M,64M
-cat "$W"/bench_kernels.txt "$W"/bench_allreduce_*.txt >> "$W/summary.txt"
+for n in 2 4; do
+  bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M
+  bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M
+done
+cat "$W"/bench_*.txt >> "$W/summary.txt"

@@ -336,7 +336,8 @@ def check_hook_cuda(rank, ws, fail):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_ddp_comm_hook_cuda():
-    results = launcher.run_ranks(_cuda_suite, 2, timeout=300)
+@pytest.mark.parametrize("ws", [2, 4], ids=lambda ws: f"ws{ws}")
+def test_ddp_comm_hook_cuda(ws):
+    results = launcher.run_ranks(_cuda_suite, ws, timeout=300)
     failures = [f"rank {r}: {m}" for r, res in enumerate(results) for m in res["check_hook_cuda"]]
     assert not failures, "\n".join(failures)
