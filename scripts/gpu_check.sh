@@ -5,9 +5,12 @@
 # collectives and DDP at 2 and 4 ranks on one GPU), the kernel benchmark, the
 # DDP hook's staging benchmark, and the all-reduce benchmark on CUDA and on CPU
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
-# gpu_check.tar.gz (logs, JSON, figures) into OUTDIR.
+# gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
+# tests, kernels, costs, hook, allreduce, variants (default: all), runs a part.
 set -uo pipefail
-OUT=${1:?usage: gpu_check.sh OUTDIR}
+OUT=${1:?usage: gpu_check.sh OUTDIR [STEPS]}
+STEPS=${2:-all}
+want() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]]; }
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -40,22 +43,37 @@ run() {  # name, timeout, command...: a failure's last lines go into the summary
 # Every CUDA test, one pytest worker per file (a file's cases share their rank
 # launches): the kernels, the collectives at 2 and 4 ranks on cuda:0, the DDP
 # hook's CUDA buckets at 2 and 4 ranks. -rs lists skips: here a skip is a failure.
-run tests 420 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
-  tests/test_cuda.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda
-run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
+want tests && run tests 300 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
+  tests/test_cuda.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda tests/test_groups.py::test_split_group
+want kernels && run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
+# The floor of a staged op: each CUDA call it makes, and a one-rank group.
+want costs && run bench_cuda_costs 60 $PY benchmarks/cuda_costs.py
 # The DDP hook's own pinned staging against the backend's device path.
 for n in 2 4; do
-  run bench_hook_staging_n$n 150 $PY -m torch.distributed.run --nproc_per_node=$n benchmarks/hook_staging.py \
-    --sizes 1M,25M --iters 10
+  want hook && run bench_hook_staging_n$n 150 $PY -m torch.distributed.run --nproc_per_node=$n \
+    benchmarks/hook_staging.py --sizes 1M,25M --iters 10
 done
 # Issue 13's targets: CUDA tensors vs gloo on the same CUDA tensors, and vs
 # collx's own CPU-tensor busbw on this machine; the ranks share cuda:0.
-bench() {  # name, ranks, device, sizes
-  run "$1" 150 $PY -m torch.distributed.run --nproc_per_node=$2 benchmarks/allreduce.py --device "$3" \
-    --algos auto --sizes "$4" --time-per-point 0.3 --no-loopback --plot "$W/$1.png" --json "$W/$1.json"
+VARS=""  # VAR=value words for the benchmark's environment
+bench() {  # name, ranks, device, sizes, [more benchmark arguments]
+  run "$1" 150 env $VARS $PY -m torch.distributed.run --nproc_per_node=$2 benchmarks/allreduce.py --device "$3" \
+    --algos auto --sizes "$4" --time-per-point 0.3 --no-loopback --plot "$W/$1.png" --json "$W/$1.json" "${@:5}"
+}
+# The staging's settings, collx alone on CUDA tensors: reductions on the host
+# (off) or on the GPU (from 64 KiB), and the pipeline's chunk.
+variant() {  # ranks, name, VAR=value...
+  local n=$1 name=$2; shift 2
+  VARS="$*" bench "bench_var_n${n}_$name" "$n" cuda 1M,4M,16M,64M --backends collx --time-per-point 0.2
 }
 for n in 2 4; do
-  bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M
-  bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M
+  want allreduce && bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M
+  want allreduce && bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M
+  if want variants; then
+    variant $n gpu_reduce_64K COLLX_DEVICE_REDUCE_MIN_BYTES=65536
+    variant $n host_reduce COLLX_DEVICE_REDUCE_MIN_BYTES=off
+    variant $n host_reduce_chunk_1M COLLX_DEVICE_REDUCE_MIN_BYTES=off COLLX_STAGING_CHUNK_BYTES=1048576
+    variant $n host_reduce_no_pipeline COLLX_DEVICE_REDUCE_MIN_BYTES=off COLLX_STAGING_CHUNK_BYTES=off
+  fi
 done
-cat "$W"/bench_*.txt >> "$W/summary.txt"
+cat "$W"/bench_*.txt >> "$W/summary.txt" 2>/dev/null

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import runpy
@@ -257,9 +258,19 @@ def _split_halves(rank, ws):
     backend = sub._get_backend(torch.device("cpu"))
     t = torch.full((100_003,), float(rank + 1))
     sub.allreduce([t]).wait()
-    return sub.size(), sub.rank(), type(backend).__name__, bool((t == sum(r + 1 for r in mine)).all())
+    # torch <= 2.11's dist.split_group passes a deep copy of the parent
+    # backend's `options` as opts.
+    parent = pg._get_backend(torch.device("cpu")).options
+    opts = copy.deepcopy(parent)
+    again = pg.split_group(mine, timeout=datetime.timedelta(seconds=60), opts=opts, group_name=f"again{mine[0]}",
+                           group_desc="halves again")
+    u = torch.full((7,), float(rank))
+    again.allreduce([u]).wait()
+    copied = (opts.backend, opts._timeout) == ("collx", parent._timeout) and opts is not parent
+    return (sub.size(), sub.rank(), type(backend).__name__, bool((t == sum(r + 1 for r in mine)).all()),
+            bool((u == sum(mine)).all()), copied)
 
 
 def test_split_group():
     results = run_ranks(_split_halves, 4, timeout=60)
-    assert results == [(2, r % 2, "CollxBackend", True) for r in range(4)]
+    assert results == [(2, r % 2, "CollxBackend", True, True, True) for r in range(4)]

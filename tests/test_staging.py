@@ -202,3 +202,31 @@ def test_bad_stage_value_is_a_clear_error():
 def test_bad_device_reduce_min_bytes_is_a_clear_error(value):
     with pytest.raises(AssertionError, match="COLLX_DEVICE_REDUCE_MIN_BYTES=.* must be a byte count or off"):
         run_ranks(_init_only, 2, timeout=60, env={"COLLX_DEVICE_REDUCE_MIN_BYTES": value})
+
+
+@pytest.mark.parametrize("value", ["-1", "4M", "", "0"])
+def test_bad_staging_chunk_bytes_is_a_clear_error(value):
+    with pytest.raises(AssertionError, match="COLLX_STAGING_CHUNK_BYTES=.*(must be a byte count or off|use off)"):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_STAGING_CHUNK_BYTES": value})
+
+
+def _pipelined(rank, ws):
+    """A pipelined all-reduce in many small chunks (the last one short), under
+    every algorithm, with reductions on the host and on the "device"."""
+    out = []
+    for algo in ALGORITHMS:
+        group = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=algo))
+        for dtype, op, count in ((torch.float32, "SUM", 100_003), (torch.float64, "MAX", 3001),
+                                 (torch.int32, "SUM", 1024)):
+            t = gen(rank, dtype, op, count)
+            dist.all_reduce(t, op=reduce_op(op), group=group)
+            if m := mismatch(t, expected(ws, dtype, op, count), 1e-5, 1e-5):
+                out.append(f"{algo} {op} {dtype_name(dtype)} count={count}: {m}")
+        dist.destroy_process_group(group)
+    return out
+
+
+@pytest.mark.parametrize("reduce_min", ["off", "0"])
+def test_pipelined_in_small_chunks(reduce_min):
+    env = {**STAGED_ENV, "COLLX_STAGING_CHUNK_BYTES": "4000", "COLLX_DEVICE_REDUCE_MIN_BYTES": reduce_min}
+    assert run_ranks(_pipelined, 3, timeout=120, env=env) == [[]] * 3

@@ -5,7 +5,10 @@ tensors; then ``dist.init_process_group("collx")``.
 """
 from __future__ import annotations
 
+import datetime
+
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
 from . import _C
 from .ddp import CommHookState, comm_hook
@@ -36,6 +39,19 @@ def _create_backend(dist_options, pg_options):
         opts.socket_family,
     )
 
+
+class _SplitOptions(_C10dBackend.Options):
+    """``backend.options``: what ``dist.split_group`` of torch <= 2.11 deep-copies
+    from the parent's backend and hands to ``split()``, which reads only its
+    timeout. torch's own ``Backend.Options`` cannot be deep-copied."""
+
+    def __deepcopy__(self, memo):
+        return _SplitOptions(self.backend, self._timeout)
+
+
+_C.CollxBackend.options = property(
+    lambda b: _SplitOptions(BACKEND_NAME, datetime.timedelta(seconds=b.timeout_seconds)),
+    doc="The group's c10d options (backend name and timeout), deep-copyable.")
 
 if BACKEND_NAME.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

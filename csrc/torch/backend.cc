@@ -135,7 +135,8 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
 
 std::shared_ptr<Staging> CollxBackend::stagingFor(const std::vector<at::Tensor>& tensors, const char* op) {
   if (Staging::current()) return nullptr;  // already running on the mirrors
-  return Staging::create(tensors, config_.stageCpuTensors, config_.deviceReduceMinBytes, op, rank_);
+  return Staging::create(tensors, config_.stageCpuTensors, config_.deviceReduceMinBytes, config_.stagingChunkBytes,
+                         op, rank_);
 }
 
 void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {

@@ -30,6 +30,7 @@ struct Config {
   int family = AF_UNSPEC;
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
   size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
+  size_t stagingChunkBytes = kPipelineChunkBytes;       // COLLX_STAGING_CHUNK_BYTES (staging.h)
   LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
 };
 

@@ -16,16 +16,16 @@ using collx::torch_glue::CollxBackend;
 
 namespace {
 
-// COLLX_DEVICE_REDUCE_MIN_BYTES: a byte count, or "off" for no reductions on
-// the device.
-size_t deviceReduceMinBytes() {
-  const char* v = std::getenv("COLLX_DEVICE_REDUCE_MIN_BYTES");
-  if (!v) return collx::torch_glue::kDeviceReduceMinBytes;
+// COLLX_DEVICE_REDUCE_MIN_BYTES and COLLX_STAGING_CHUNK_BYTES: a byte count,
+// or "off" (SIZE_MAX: no reductions on the device; no pipelining).
+size_t bytesOrOff(const char* name, size_t byDefault) {
+  const char* v = std::getenv(name);
+  if (!v) return byDefault;
   const std::string value(v);
   if (value == "off") return SIZE_MAX;
   const bool digits = !value.empty() && value.size() <= 18 &&
                       std::all_of(value.begin(), value.end(), [](unsigned char c) { return std::isdigit(c); });
-  if (!digits) throw py::value_error("collx: COLLX_DEVICE_REDUCE_MIN_BYTES=" + value + " must be a byte count or off");
+  if (!digits) throw py::value_error(std::string("collx: ") + name + "=" + value + " must be a byte count or off");
   return size_t(std::stoull(value));
 }
 
@@ -52,7 +52,9 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     }
     config.stageCpuTensors = value == "1";
   }
-  config.deviceReduceMinBytes = deviceReduceMinBytes();
+  config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
+  config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);
+  if (config.stagingChunkBytes == 0) throw py::value_error("collx: COLLX_STAGING_CHUNK_BYTES=0: use off or a byte count");
   try {
     config.logLevel = collx::torch_glue::parseLogLevel(std::getenv("COLLX_DEBUG") ? std::getenv("COLLX_DEBUG") : "");
   } catch (const collx::Error& e) {
@@ -111,7 +113,10 @@ PYBIND11_MODULE(_C, m) {
           py::arg("nbytes"), "The algorithm 'auto' runs for an all-reduce of nbytes on this group (hosts, then the cost model).")
       .def_property_readonly("algorithm", [](const CollxBackend& b) { return collx::name(b.config().algorithm); })
       .def_property_readonly("tree_arity", [](const CollxBackend& b) { return b.config().treeArity; })
-      .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; });
+      .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; })
+      .def_property_readonly("timeout_seconds", [](CollxBackend& b) {
+        return std::chrono::duration<double>(b.getBackendOptions()->timeout).count();
+      });
   m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
         py::arg("ifname"), py::arg("family") = "");

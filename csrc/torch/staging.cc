@@ -9,7 +9,8 @@
 namespace collx::torch_glue {
 
 #ifdef COLLX_WITH_CUDA
-std::shared_ptr<Staging> makeCudaStaging(c10::Device device, size_t deviceReduceMinBytes);  // staging_cuda.cc
+std::shared_ptr<Staging> makeCudaStaging(c10::Device device, size_t deviceReduceMinBytes,
+                                         size_t chunkBytes);  // staging_cuda.cc
 #endif
 
 namespace {
@@ -64,7 +65,8 @@ class HostStaging final : public Staging {
 }  // namespace
 
 std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors, bool stageCpu,
-                                         size_t deviceReduceMinBytes, const char* op, int rank) {
+                                         size_t deviceReduceMinBytes, size_t chunkBytes, const char* op,
+                                         int rank) {
   const at::Tensor* first = nullptr;
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
@@ -78,11 +80,11 @@ std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors,
     if (t.defined() && t.is_sparse()) fail(op, rank, "sparse tensors are not supported");
   }
   const c10::Device device = first->device();
-  if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>(deviceReduceMinBytes) : nullptr;
+  if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>(deviceReduceMinBytes, chunkBytes) : nullptr;
   if (!device.is_cuda()) return nullptr;  // checkTensor names the unsupported device
 #ifdef COLLX_WITH_CUDA
   try {
-    return makeCudaStaging(device, deviceReduceMinBytes);
+    return makeCudaStaging(device, deviceReduceMinBytes, chunkBytes);
   } catch (const Error& e) {
     fail(op, rank, e.what());
   }
@@ -147,7 +149,7 @@ void Staging::copyOut() {
 bool Staging::pipelines(const at::Tensor& host) {
   for (auto& m : mirrors_) {
     if (!m.host.is_same(host)) continue;
-    m.pipelined = m.in && m.out && m.device.is_contiguous() && size_t(host.nbytes()) >= 2 * kPipelineChunkBytes;
+    m.pipelined = m.in && m.out && m.device.is_contiguous() && chunkBytes_ <= size_t(host.nbytes()) / 2;
     return m.pipelined;
   }
   return false;
@@ -160,7 +162,7 @@ void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, s
   }
   TORCH_INTERNAL_ASSERT(m, "collx: pipeline() on a tensor that pipelines() did not accept");
   const at::Tensor h = m->host.view(-1), d = m->device.view(-1);
-  const int64_t n = h.numel(), step = std::max<int64_t>(1, int64_t(kPipelineChunkBytes / h.element_size()));
+  const int64_t n = h.numel(), step = std::max<int64_t>(1, int64_t(chunkBytes_ / h.element_size()));
   waitCaller();
   std::vector<size_t> down;
   for (int64_t at = 0; at < n; at += step) {

@@ -56,7 +56,8 @@ namespace collx::torch_glue {
 // Default of COLLX_DEVICE_REDUCE_MIN_BYTES. Smaller reductions stay on the
 // CPU: PCIe copies and a stream sync cost more than reducing a few KiB there.
 constexpr size_t kDeviceReduceMinBytes = 64 << 10;
-// Pipelined all-reduce: chunks of this many bytes, for tensors of >= 2 chunks.
+// Default of COLLX_STAGING_CHUNK_BYTES: a pipelined all-reduce runs in chunks
+// of this many bytes, for tensors of >= 2 chunks.
 constexpr size_t kPipelineChunkBytes = 4 << 20;
 
 class Staging {
@@ -65,11 +66,13 @@ class Staging {
   // they are CPU tensors and `stageCpu` is off. Raises DistBackendError for
   // mixed devices, an unsupported device, or CUDA tensors in a build without
   // CUDA.
-  // Reductions of >= `deviceReduceMinBytes` run on the device.
+  // Reductions of >= `deviceReduceMinBytes` run on the device; an all-reduce
+  // pipelines in chunks of `chunkBytes`.
   static std::shared_ptr<Staging> create(const std::vector<at::Tensor>& tensors, bool stageCpu,
-                                         size_t deviceReduceMinBytes, const char* op, int rank);
+                                         size_t deviceReduceMinBytes, size_t chunkBytes, const char* op, int rank);
 
-  explicit Staging(size_t deviceReduceMinBytes) : deviceReduceMinBytes_(deviceReduceMinBytes) {}
+  Staging(size_t deviceReduceMinBytes, size_t chunkBytes)
+      : deviceReduceMinBytes_(deviceReduceMinBytes), chunkBytes_(chunkBytes) {}
   virtual ~Staging() = default;
 
   // A host tensor standing in for `device`: filled from it before the op
@@ -148,6 +151,7 @@ class Staging {
   void* tensorAddressOf(const void* host, size_t bytes) const;
 
   const size_t deviceReduceMinBytes_;
+  const size_t chunkBytes_;
   std::vector<Mirror> mirrors_;
   uint64_t deviceReductions_ = 0;  // executor thread only
   uint64_t inTensorReductions_ = 0;
