@@ -51,7 +51,7 @@ def main():
     gloo = dist.new_group(backend="gloo")  # the timer's barrier and max, apart from the timed group
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    paths = {"hook staging": ddp._cuda_hook, "backend staging": ddp._reduce_in_place}
+    paths = {"hook staging": ddp._cuda_hook, "backend staging": ddp._reduce_in_place}  # comm_hook: the latter
     if rank == 0:
         print(f"# {world} ranks on {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
         print(f"{'bytes':>10} {'compression':>11} {'hook us':>10} {'backend us':>11} {'backend/hook':>13}")

@@ -8,6 +8,8 @@ whole, and the Future's callbacks see finished data.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -25,7 +27,9 @@ from common import dtype_name, expected, gen, mismatch, ops_for, reduce_op, suit
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8,
           torch.bool]
 COUNTS = [0, 1, 7, 1000, 100003]
-LARGE = 4 * 1024 * 1024 + 3  # float32: 16 MiB, past kDeviceReduceMinBytes in every segment
+LARGE = 4 * 1024 * 1024 + 3  # float32: 16 MiB, pipelined
+# Whether this rank runs with reductions on the GPU (COLLX_DEVICE_REDUCE_MIN_BYTES).
+ON_GPU = os.environ.get("COLLX_DEVICE_REDUCE_MIN_BYTES", "off") != "off"
 DEV = torch.device("cuda", 0)
 
 
@@ -46,11 +50,14 @@ def check_all_reduce_matrix(rank, ws, fail):
         stats = torchcollx.get_stats(group)
         if stats["staged_ops"] != stats["ops"]:
             fail(f"{algo}: every op must be staged: {stats}")
+        if not ON_GPU:  # the default: every reduction on the host
+            if stats["device_reductions"]:
+                fail(f"{algo}: reductions ran on the GPU without COLLX_DEVICE_REDUCE_MIN_BYTES: {stats}")
         # Every rank reduces in ring and direct (tree and star leave it to inner nodes).
-        if algo in ("ring", "direct") and stats["device_reductions"] <= 0:
+        elif algo in ("ring", "direct") and stats["device_reductions"] <= 0:
             fail(f"{algo}: the large all_reduce ran no reduction on the GPU: {stats}")
         # The ring reduces into each rank's own buffer: on the GPU, into the tensor.
-        if algo == "ring" and stats["device_reductions_in_tensor"] <= 0:
+        elif algo == "ring" and stats["device_reductions_in_tensor"] <= 0:
             fail(f"ring: the large all_reduce ran no reduction into its tensor on the GPU: {stats}")
 
 
@@ -221,7 +228,8 @@ def _use_gpu0():
 
 test_cuda = suite_test(__name__, "CHECKS", [2, 4], setup="_use_gpu0", timeout=300)
 
-# Every reduction on the GPU, whatever its size (counts 1, 7, ...).
+# Every reduction on the GPU, whatever its size (counts 1, 7, ...), into the
+# tensor or device scratch: the path COLLX_DEVICE_REDUCE_MIN_BYTES turns on.
 ALL_ON_GPU_CHECKS = [check_all_reduce_matrix, check_moving_collectives]
 test_cuda_every_reduction_on_gpu = suite_test(__name__, "ALL_ON_GPU_CHECKS", [2], setup="_use_gpu0", timeout=300,
                                               env={"COLLX_DEVICE_REDUCE_MIN_BYTES": "0"})

@@ -53,8 +53,7 @@ from ddp_hook_common import (  # noqa: E402
     _compressed,
     _check_compressed,
 )
-from torchcollx import ddp  # noqa: E402
-from torchcollx.ddp import CommHookState, comm_hook  # noqa: E402
+from torchcollx.ddp import CommHookState, _cuda_hook, comm_hook  # noqa: E402
 
 pytestmark = pytest.mark.ddp
 
@@ -296,8 +295,8 @@ def _cuda_suite(rank, ws):
 
 
 def check_hook_cuda(rank, ws, fail):
-    """CUDA gradients: the hook stages them through pinned host memory (the
-    16-bit cast on the GPU first); the future is CUDA-aware. DDP itself would
+    """CUDA gradients: the hook hands them (or their 16-bit cast, made on the
+    GPU) to the backend, which stages them; the future is CUDA-aware. DDP itself would
     broadcast CUDA tensors through collx at construction, so the initial
     weights go through the CPU here and DDP gets init_sync=False."""
     device = torch.device("cuda", rank % torch.cuda.device_count())
@@ -327,9 +326,9 @@ def check_hook_cuda(rank, ws, fail):
             _compare(fail, "cuda, mlp, hook auto", got, ref, rtol=1e-4, atol=1e-5)
         else:
             _check_compressed(fail, f"cuda, mlp ({compression})", "mlp", compression, got, ref, first, loss, ref_loss)
-    # comm_hook stages CUDA buckets itself; _reduce_in_place hands them to the
-    # backend's staging (benchmarks/hook_staging.py times the two).
-    paths = {"comm_hook": comm_hook, "_reduce_in_place": lambda s, b: ddp._reduce_in_place(s, b, b.buffer())}
+    # comm_hook hands CUDA buckets to the backend's staging; _cuda_hook stages
+    # them itself (benchmarks/hook_staging.py times the two).
+    paths = {"comm_hook": comm_hook, "_cuda_hook": lambda s, b: _cuda_hook(s, b, b.buffer())}
     for compression in (None, "bf16", "fp16"):
         state = CommHookState(None, "auto", compression)
         for (name, path), rep in itertools.product(paths.items(), range(2)):

@@ -262,11 +262,11 @@ def _split_halves(rank, ws):
     # backend's `options` as opts.
     parent = pg._get_backend(torch.device("cpu")).options
     opts = copy.deepcopy(parent)
+    copied = (opts.backend, opts._timeout) == ("collx", parent._timeout) and opts is not parent
     again = pg.split_group(mine, timeout=datetime.timedelta(seconds=60), opts=opts, group_name=f"again{mine[0]}",
                            group_desc="halves again")
     u = torch.full((7,), float(rank))
     again.allreduce([u]).wait()
-    copied = (opts.backend, opts._timeout) == ("collx", parent._timeout) and opts is not parent
     return (sub.size(), sub.rank(), type(backend).__name__, bool((t == sum(r + 1 for r in mine)).all()),
             bool((u == sum(mine)).all()), copied)
 
@@ -274,3 +274,24 @@ def _split_halves(rank, ws):
 def test_split_group():
     results = run_ranks(_split_halves, 4, timeout=60)
     assert results == [(2, r % 2, "CollxBackend", True, True, True) for r in range(4)]
+
+
+def _new_group_beside_a_bound_device(rank, ws):
+    """With the default group bound to a GPU (device_id=), torch calls the
+    split source's perform_nocolor_split(device) on each non-member of a new
+    group (test_cuda's split_group test runs that on a GPU; a CPU cannot be
+    bound). Here the non-members make that call themselves: the members'
+    group still forms and works."""
+    source = dist.distributed_c10d._get_split_source(dist.distributed_c10d._get_default_group())
+    if rank not in (1, 2):
+        source.perform_nocolor_split(torch.device("cuda", 0))
+    pair = dist.new_group([1, 2])
+    if rank not in (1, 2):
+        return pair is dist.GroupMember.NON_GROUP_MEMBER
+    t = torch.full((5,), float(rank))
+    dist.all_reduce(t, group=pair)
+    return bool((t == 3).all())
+
+
+def test_new_group_beside_a_bound_device():
+    assert run_ranks(_new_group_beside_a_bound_device, 4, timeout=60) == [True] * 4

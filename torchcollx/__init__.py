@@ -53,5 +53,14 @@ _C.CollxBackend.options = property(
     lambda b: _SplitOptions(BACKEND_NAME, datetime.timedelta(seconds=b.timeout_seconds)),
     doc="The group's c10d options (backend name and timeout), deep-copyable.")
 
+def _perform_nocolor_split(backend, device):
+    """What torch calls on each non-member of a new group when the default
+    group is bound to a device (device_id=): NCCL's split is collective over the
+    parent group. A collx subgroup meets among its members through the store,
+    so a non-member has nothing to do."""
+
+
+_C.CollxBackend.perform_nocolor_split = _perform_nocolor_split
+
 if BACKEND_NAME.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

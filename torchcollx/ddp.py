@@ -169,17 +169,15 @@ def comm_hook(state: CommHookState, bucket: dist.GradBucket) -> torch.futures.Fu
         raise TypeError(f"collx comm_hook needs a torchcollx.ddp.CommHookState as its state, "
                         f"got {type(state).__name__}")
     buf = bucket.buffer()
-    if buf.is_cuda:
-        return _cuda_hook(state, bucket, buf)
-    if buf.device.type != "cpu":
+    if buf.device.type not in ("cpu", "cuda"):
         raise TypeError(f"collx comm_hook: gradients on {buf.device} are not supported (CPU and CUDA are)")
     return _reduce_in_place(state, bucket, buf)
 
 
 def _reduce_in_place(state, bucket, buf):
-    """Hands the bucket (or its 16-bit cast) to the backend as it is: on CPU,
-    and on CUDA where the backend stages it (measured against _cuda_hook by
-    benchmarks/hook_staging.py)."""
+    """Hands the bucket (or its 16-bit cast, made on its device) to the
+    backend, which stages CUDA tensors itself (benchmarks/hook_staging.py
+    times this against _cuda_hook, the hook's own staging)."""
     world = state.world_size
     wire = _wire_dtype(state, bucket, buf)
 
@@ -193,12 +191,12 @@ def _reduce_in_place(state, bucket, buf):
 
     comp = state._buffer(bucket.index(), "wire", buf, wire, buf.device)
     state._record(buf.nbytes, comp.nbytes)
-    _C.cast_scale(comp, buf, 1.0 / world)
+    _cast_scale(comp, buf, 1.0 / world)
     work = state.backend.allreduce_with(comp, state.algorithm, False)
 
     def decompress(fut):
         fut.value()  # re-raises the all-reduce's error
-        _C.cast_scale(buf, comp, 1.0)
+        _cast_scale(buf, comp, 1.0)
         return buf
 
     return work.get_future().then(decompress)
@@ -215,8 +213,8 @@ def _wire_dtype(state, bucket, buf):
     return state._wire_dtype
 
 
-def _cast_scale_cuda(dst, src, factor):
-    if _C.cuda_kernels:
+def _cast_scale(dst, src, factor):
+    if _C.cuda_kernels or not src.is_cuda:
         _C.cast_scale(dst, src, factor)
     else:  # an extension built without its CUDA kernels: one fused torch kernel instead
         torch.mul(src, factor, out=dst)
@@ -234,7 +232,7 @@ def _cuda_hook(state, bucket, buf):
         buf.div_(world)
     else:
         src = state._buffer(index, "wire", buf, wire, buf.device)
-        _cast_scale_cuda(src, buf, 1.0 / world)
+        _cast_scale(src, buf, 1.0 / world)
     host = state._buffer(index, "host", src, src.dtype, torch.device("cpu"), pin=True)
     state._record(buf.nbytes, host.nbytes)
     host.copy_(src, non_blocking=True)
@@ -250,7 +248,7 @@ def _cuda_hook(state, bucket, buf):
                 # event on it that DDP's wait() makes its own stream wait for.
                 src.copy_(host, non_blocking=True)
                 if wire is not None:
-                    _cast_scale_cuda(buf, src, 1.0)
+                    _cast_scale(buf, src, 1.0)
             result.set_result(buf)
         except Exception as e:  # noqa: BLE001  handed to DDP through the future
             result.set_exception(e)

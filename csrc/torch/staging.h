@@ -46,6 +46,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -53,9 +54,13 @@
 
 namespace collx::torch_glue {
 
-// Default of COLLX_DEVICE_REDUCE_MIN_BYTES. Smaller reductions stay on the
-// CPU: PCIe copies and a stream sync cost more than reducing a few KiB there.
-constexpr size_t kDeviceReduceMinBytes = 64 << 10;
+// Default of COLLX_DEVICE_REDUCE_MIN_BYTES: off. The operands of a staged
+// reduction lie in host memory, and reducing them on the GPU moves two
+// buffers over PCIe and syncs a stream where the host moves none. On an H100
+// with 2 and 4 ranks sharing it, GPU reductions from 64 KiB made a 16 MiB
+// all-reduce 1.7x and 1.9x slower than host reductions (scripts/gpu_check.sh,
+// its bench_var_* rows).
+constexpr size_t kDeviceReduceMinBytes = SIZE_MAX;
 // Default of COLLX_STAGING_CHUNK_BYTES: a pipelined all-reduce runs in chunks
 // of this many bytes, for tensors of >= 2 chunks.
 constexpr size_t kPipelineChunkBytes = 4 << 20;
