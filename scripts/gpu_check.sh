@@ -3,10 +3,10 @@
 # network) as:  bash scripts/gpu_check.sh OUTDIR
 # Builds collx there with its CUDA kernels, runs every CUDA test (kernels,
 # collectives and DDP at 2 and 4 ranks on one GPU), the kernel benchmark, the
-# DDP hook's staging benchmark, and the all-reduce benchmark on CUDA and on CPU
+# CUDA call costs, and the all-reduce benchmark on CUDA and on CPU
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
 # gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
-# tests, kernels, costs, hook, allreduce, variants (default: all), runs a part.
+# tests, kernels, costs, allreduce, variants (default: all), runs a part.
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR [STEPS]}
 STEPS=${2:-all}
@@ -48,11 +48,6 @@ want tests && run tests 300 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist
 want kernels && run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
 # The floor of a staged op: each CUDA call it makes, and a one-rank group.
 want costs && run bench_cuda_costs 60 $PY benchmarks/cuda_costs.py
-# The DDP hook's own pinned staging against the backend's device path.
-for n in 2 4; do
-  want hook && run bench_hook_staging_n$n 150 $PY -m torch.distributed.run --nproc_per_node=$n \
-    benchmarks/hook_staging.py --sizes 1M,25M --iters 10
-done
 # Issue 13's targets: CUDA tensors vs gloo on the same CUDA tensors, and vs
 # collx's own CPU-tensor busbw on this machine; the ranks share cuda:0.
 VARS=""  # VAR=value words for the benchmark's environment

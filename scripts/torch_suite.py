@@ -240,10 +240,12 @@ def main() -> None:
     p.add_argument("--out", help="directory for logs and results (default: a new temporary one)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.families = args.families.split(",")
+    args.families, args.backends = args.families.split(","), args.backends.split(",")
     unknown = set(args.families) - set(FAMILY_NAMES)
     if unknown:
         p.error(f"unknown families {sorted(unknown)}; known: {', '.join(FAMILY_NAMES)}")
+    if not set(args.backends) <= {"gloo", "collx"}:
+        p.error("--backends takes gloo, collx or both")
 
     if args.worker:
         return run_worker(args)
@@ -255,7 +257,7 @@ def main() -> None:
     passthrough = ["--families", ",".join(args.families), "--timeout", str(args.timeout)]
     passthrough += (["-k", args.k] if args.k else []) + (["--all"] if args.all else [])
     start = time.monotonic()
-    results = {b: run_backend(b, args, passthrough) for b in args.backends.split(",")}
+    results = {b: run_backend(b, args, passthrough) for b in args.backends}
     print(f"\ntorch's distributed_test at world size {args.world_size}, "
           f"{time.monotonic() - start:.0f} s; logs and results in {args.out}\n")
     sys.exit(1 if report(results) else 0)

@@ -26,8 +26,6 @@ to FILE (to re-derive COMPRESSED_TOL).
 """
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from torch import nn
@@ -53,7 +51,7 @@ from ddp_hook_common import (  # noqa: E402
     _compressed,
     _check_compressed,
 )
-from torchcollx.ddp import CommHookState, _cuda_hook, comm_hook  # noqa: E402
+from torchcollx.ddp import CommHookState, comm_hook  # noqa: E402
 
 pytestmark = pytest.mark.ddp
 
@@ -326,18 +324,15 @@ def check_hook_cuda(rank, ws, fail):
             _compare(fail, "cuda, mlp, hook auto", got, ref, rtol=1e-4, atol=1e-5)
         else:
             _check_compressed(fail, f"cuda, mlp ({compression})", "mlp", compression, got, ref, first, loss, ref_loss)
-    # comm_hook hands CUDA buckets to the backend's staging; _cuda_hook stages
-    # them itself (benchmarks/hook_staging.py times the two).
-    paths = {"comm_hook": comm_hook, "_cuda_hook": lambda s, b: _cuda_hook(s, b, b.buffer())}
     for compression in (None, "bf16", "fp16"):
         state = CommHookState(None, "auto", compression)
-        for (name, path), rep in itertools.product(paths.items(), range(2)):
+        for rep in range(2):
             t = torch.full((70001,), float(4 * (rank + 1) + rep), device=device)
             want = torch.full((70001,), 4 * (ws + 1) / 2 + rep, device=device)
-            v = path(state, _Bucket(0, t)).wait()
+            v = comm_hook(state, _Bucket(0, t)).wait()
             if v.data_ptr() != t.data_ptr() or not torch.equal(t, want):
-                fail(f"cuda, {name}, compression {compression}: the future's value is not the bucket averaged in "
-                     f"place: {t[:3].tolist()} (want {want[:3].tolist()})")
+                fail(f"cuda, compression {compression}: the future's value is not the bucket averaged in place: "
+                     f"{t[:3].tolist()} (want {want[:3].tolist()})")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
