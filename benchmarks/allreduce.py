@@ -181,6 +181,48 @@ def time_point(name, group, nbytes, args):
     return mean, p50, iters
 
 
+def auto_vs_best(rows, groups, args):
+    """Per size: what auto chose (the group's fitted model, COLLX_TUNING) and
+    how its time compares with the fastest forced algorithm's. Timed apart
+    from the table, interleaved: --rounds rounds, each running a few ops of
+    every collx group in turn, so that a drift of the machine hits all alike;
+    a group's time is its median round (per-op mean, max over ranks).
+    auto/best: the auto group over the best forced group. choice/best: the
+    forced group of the algorithm auto chose over the best: the model's own
+    error, free of the auto group's separate setup."""
+    names = [g for g, _ in groups if g.startswith("collx/")]
+    if "collx/auto" not in names or len(names) < 2:
+        return
+    rank = dist.get_rank()
+    group_of = dict(groups)
+    backend = group_of["collx/auto"]._get_backend(torch.device("cpu"))
+    if rank == 0:
+        print(f"# auto against the best forced algorithm, {args.rounds} interleaved rounds; {backend.tuning}")
+        print(f"#   {'size(B)':>10s}  {'auto ran':<8s} {'best':<8s} {'auto/best':>9s} {'choice/best':>11s}")
+    worst = [0.0, 0.0]
+    for size in sorted({r["bytes"] for r in rows}):
+        estimate = max(r["p50_us"] for r in rows if r["bytes"] == size and r["name"] in names) / 1e6
+        k = int(min(1000, max(1, args.time_per_point / args.rounds / estimate)))
+        buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=args.device)
+        per_round = {g: [] for g in names}
+        for rnd in range(args.rounds):
+            order = names[rnd % len(names):] + names[:rnd % len(names)]
+            for g in order:
+                run_ops(group_of[g], buf, 1)  # re-warm after the other groups
+                ts = run_ops(group_of[g], buf, k)
+                per_round[g].append((ts[-1] - ts[0]) / k)
+        med = dict(zip(names, agreed_max(*[statistics.median(per_round[g]) for g in names])))
+        forced = [g for g in names if g != "collx/auto"]
+        best = min(forced, key=med.get)
+        chose = "collx/" + backend.choose_allreduce(size)
+        ratios = [med["collx/auto"] / med[best], med.get(chose, med["collx/auto"]) / med[best]]
+        worst = [max(w, r) for w, r in zip(worst, ratios)]
+        if rank == 0:
+            print(f"#   {size:>10d}  {chose[6:]:<8s} {best[6:]:<8s} {ratios[0]:>9.2f} {ratios[1]:>11.2f}", flush=True)
+    if rank == 0:
+        print(f"# worst over sizes: auto/best {worst[0]:.2f}, choice/best {worst[1]:.2f}", flush=True)
+
+
 def fmt_row(r):
     def opt(v, w, d=2):
         return f"{'-':>{w}}" if v is None else f"{v:>{w}.{d}f}"
@@ -234,6 +276,7 @@ def main():
     p.add_argument("--max-size", default="64M", help="largest size (default 64M)")
     p.add_argument("--time-per-point", type=float, default=0.5, help="seconds per point")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of auto against the forced algorithms")
     p.add_argument("--tree-arity", type=int, help="passed to torchcollx.Options")
     p.add_argument("--segment-bytes", type=parse_size, help="passed to torchcollx.Options")
     p.add_argument("--loopback-mb", type=int, default=256, help="MB per direction")
@@ -288,6 +331,7 @@ def main():
             if rank == 0:
                 print(fmt_row(r), flush=True)
 
+    auto_vs_best(rows, groups, args)
     if rank == 0:
         for size in sorted({r["bytes"] for r in rows})[-2:] if limit else []:
             print(f"# busbw / loopback two-stream limit ({limit:.3f} GB/s/dir) at {size} B: "

@@ -50,6 +50,7 @@ def test_trace_logs_setup_ops_failures_and_teardown():
         prefix = f"collx INFO rank {rank} of 2: "
         assert f"{prefix}mesh of 2 ranks ready in " in text and "listening on " in text, text
         assert "algorithm auto, tree arity 2, segment 524288 B" in text, text
+        assert f"{prefix}tuning from " in text and " us/step " in text and "auto at n=2: " in text, text
         assert f"collx TRACE rank {rank} of 2: all_reduce #1 (float32): all_reduce/" in text, text
         assert f"collx WARN rank {rank} of 2: all_reduce #2 rejected: " in text and "BAND" in text, text
         assert f"{prefix}shutting down after 2 ops" in text, text  # all_reduce and barrier

@@ -9,8 +9,9 @@ Per bucket, the hook all-reduces DDP's flat gradient buffer with an algorithm
 chosen for that call (``allreduce_with``), not through the group-wide
 ``Options.algorithm`` / ``COLLX_ALGORITHM``:
 
-* ``algorithm="auto"`` lets the backend's cost model (``csrc/core/algorithms/
-  tuning.cc``, also ``torchcollx._C.choose_allreduce``) pick the algorithm for
+* ``algorithm="auto"`` lets the group's cost model (``csrc/core/algorithms/
+  tuning.cc``, fitted to the group's links: ``COLLX_TUNING``; the group
+  backend's ``choose_allreduce`` tells its choice) pick the algorithm for
   the bytes that bucket puts on the wire, so DDP's small first bucket (1 MiB),
   its 25 MiB buckets and a tiny last one may travel differently;
   ``"ring"``, ``"tree"``, ``"star"``, ``"direct"`` or ``"hier"`` force one. A
@@ -46,6 +47,7 @@ index, which a second model running its backward at the same time would share.
 # No ``from __future__ import annotations``: DDP compares comm_hook's
 # annotations with dist.GradBucket and torch.futures.Future[torch.Tensor]
 # objects, and would reject strings.
+import time
 from typing import Optional
 
 import torch
@@ -57,7 +59,7 @@ from .stats import HookCounters, _hook_counters_of, backend_of
 
 __all__ = ["CommHookState", "comm_hook", "COMPRESSIONS"]
 
-COMPRESSIONS = (None, "fp16", "bf16")
+COMPRESSIONS = (None, "fp16", "bf16", "auto")
 _WIRE_DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -95,7 +97,10 @@ class CommHookState:
             (resolved now). Use the same group as the DDP model.
         algorithm: ``"auto"`` (per bucket, by size and host layout), or ``"ring"``, ``"tree"``,
             ``"star"``, ``"direct"``, ``"hier"`` (any of ``torchcollx.ALGORITHMS``).
-        compression: ``None``, ``"bf16"`` or ``"fp16"`` (float32 gradients only; see the module doc).
+        compression: ``None``, ``"bf16"`` or ``"fp16"`` (float32 gradients only; see the module doc),
+            or ``"auto"``: bf16 for the float32 buckets where the group's fitted model
+            (``COLLX_TUNING``) says the wire time saved exceeds the two casts' time,
+            which is measured here, on every rank (a collective on the group).
 
     Raises ``ValueError`` / ``TypeError`` / ``RuntimeError`` here, at construction,
     for anything the hook could not run with.
@@ -104,7 +109,7 @@ class CommHookState:
     def __init__(self, process_group=None, algorithm: str = "auto", compression: Optional[str] = None):
         if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
             raise ValueError(f"collx comm hook: algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
-        if compression is not None and (not isinstance(compression, str) or compression not in _WIRE_DTYPE):
+        if compression is not None and (not isinstance(compression, str) or compression not in COMPRESSIONS):
             raise ValueError(f"collx comm hook: compression={compression!r} is not one of None, "
                              f"{', '.join(repr(c) for c in COMPRESSIONS if c)}")
         self.process_group, self.backend = _resolve_group(process_group)
@@ -114,6 +119,8 @@ class CommHookState:
         self.rank = self.process_group.rank()
         self._wire_dtype = _WIRE_DTYPE.get(compression)
         self._buffers = {}  # (bucket index, role) -> tensor, reused while its size/dtype/device fit
+        self._cast_us_per_byte = _agreed_cast_costs(self.process_group) if compression == "auto" else {}
+        self._compress = {}  # compression="auto": (device type, bytes) -> bf16 or None
         self._counters = HookCounters()
         self._group_counters = _hook_counters_of(self.process_group, self)  # for get_stats()
 
@@ -201,8 +208,52 @@ def _reduce_in_place(state, bucket, buf):
     return work.get_future().then(decompress)
 
 
+def _cast_us_per_byte(device: torch.device) -> float:
+    """Microseconds per float32 byte of the casts compression adds: to bf16
+    before the all-reduce and back after (best of 5, on 1 MiB)."""
+    src = torch.randn(1 << 18, device=device)
+    mid = torch.empty(1 << 18, dtype=torch.bfloat16, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = float("inf")
+    for rep in range(7):
+        sync()
+        t0 = time.perf_counter()
+        _cast_scale(mid, src, 1.0)
+        _cast_scale(src, mid, 1.0)
+        sync()
+        if rep >= 2:  # after two warm-ups
+            best = min(best, time.perf_counter() - t0)
+    return best * 1e6 / src.nbytes
+
+
+def _agreed_cast_costs(group) -> dict:
+    """The cast cost on CPU (and on the current GPU, if any), the slowest
+    rank's: every rank must make the same compression choice."""
+    devices = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        devices.append(torch.device("cuda", torch.cuda.current_device()))
+    costs = torch.tensor([_cast_us_per_byte(d) for d in devices], dtype=torch.float64)
+    dist.all_reduce(costs, op=dist.ReduceOp.MAX, group=group)
+    return {d.type: c for d, c in zip(devices, costs.tolist())}
+
+
+def _auto_wire_dtype(state, buf):
+    """compression="auto": bf16 when the model's wire time saved by halving
+    the bucket exceeds the casts' measured time. Both are the same on every
+    rank (the fitted model and the agreed cast cost), so the ranks agree."""
+    key = (buf.device.type, buf.nbytes)
+    if key not in state._compress:
+        predict = state.backend.predict_allreduce_us
+        saved = predict(buf.nbytes, state.algorithm) - predict(buf.nbytes // 2, state.algorithm)
+        cost = state._cast_us_per_byte.get(buf.device.type, float("inf")) * buf.nbytes
+        state._compress[key] = torch.bfloat16 if saved > cost else None
+    return state._compress[key]
+
+
 def _wire_dtype(state, bucket, buf):
     """The dtype that goes over the wire, or None to reduce ``buf`` itself."""
+    if state.compression == "auto":
+        return _auto_wire_dtype(state, buf) if buf.dtype == torch.float32 else None
     if state._wire_dtype is None or buf.dtype in _HALF_DTYPES:
         return None
     if buf.dtype != torch.float32:

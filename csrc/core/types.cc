@@ -23,7 +23,7 @@ constexpr const char* kKinds[] = {"all_reduce", "broadcast",      "all_gather", 
                                   "hello",      "reduce",         "reduce_scatter", "all_to_all",
                                   "gather",     "scatter",        "send/recv",
                                   "abort",      "cancel",         "send request", "send clear",
-                                  "send data",  "send refusal"};
+                                  "send data",  "send refusal",   "calibration"};
 static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == size_t(OpKind::kCount));
 
 template <typename T>

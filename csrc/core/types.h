@@ -53,6 +53,7 @@ enum class OpKind : uint8_t {
   kP2PClear,    // the receiver has matched send #seq: send its data
   kP2PData,     // the payload of cleared send #seq
   kP2PRefuse,   // the receiver refused send #seq (size or dtype mismatch); payload: why
+  kCalibrate,   // an all-reduce timed at group creation (algorithms/calibrate.h)
   kCount,
 };
 

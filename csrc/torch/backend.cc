@@ -2,6 +2,7 @@
 #include "backend.h"
 
 #include <pybind11/pybind11.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -31,6 +32,7 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
   tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout};
   const auto start = Clock::now();
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
+  tune();
   if (logs(LogLevel::kInfo)) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     const std::vector<int> h = hosts();
@@ -43,6 +45,29 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
                    config_.deviceReduceMinBytes == SIZE_MAX ? std::string("off")
                                                             : collx::str("from ", config_.deviceReduceMinBytes, " B")));
   }
+}
+
+void CollxBackend::tune() {
+  TuningPolicy policy = config_.tuning;
+  if (policy.mode == TuningPolicy::Mode::kCalibrate) {
+    // The cache is per machine, group shape and settings; ranks on other
+    // hosts hold their own copies, and tuneGroup checks that all agree.
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    std::string layout;
+    for (int h : hosts()) layout += collx::str(h, ",");
+    policy.cacheKey = collx::str("collx tuning v1; host ", host, "; ", size_, " ranks on hosts ", layout,
+                                 " interface '", config_.ifname, "' family ", config_.family, "; segment ",
+                                 config_.segmentBytes, " B, tree arity ", config_.treeArity);
+  }
+  Collective c{*device_, OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + timeout_, config_.segmentBytes,
+               config_.treeArity, workspace_};
+  TuningOutcome out = asDistError("init", rank_, [&] { return tuneGroup(c, policy); });
+  tuning_ = out.tuning;
+  if (!out.cacheWarning.empty() && logs(LogLevel::kWarn)) {
+    log(LogLevel::kWarn, "tuning not cached: " + out.cacheWarning);
+  }
+  if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, tuning_.describe(size_, config_.treeArity));
 }
 
 CollxBackend::~CollxBackend() { shutdown(); }
@@ -91,7 +116,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   Executor::Task task;
   task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging] {
     Collective c{*device_, kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
-                 workspace_};
+                 workspace_, &tuning_};
     std::exception_ptr error;
     auto start = Clock::now();
     try {
@@ -191,7 +216,7 @@ std::vector<int> CollxBackend::hosts() const {
 }
 
 Algorithm CollxBackend::autoAllreduce(size_t bytes) const {
-  return resolveAllreduce(*device_, Algorithm::kAuto, config_.treeArity, bytes);
+  return resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes);
 }
 
 Stats CollxBackend::stats() const {

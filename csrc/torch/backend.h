@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "core/algorithms/algorithms.h"
+#include "core/algorithms/calibrate.h"
 #include "core/executor.h"
 #include "core/transport/tcp/device.h"
 #include "log.h"
@@ -32,6 +33,7 @@ struct Config {
   size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
   size_t stagingChunkBytes = kPipelineChunkBytes;       // COLLX_STAGING_CHUNK_BYTES (staging.h)
   LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
+  TuningPolicy tuning;  // COLLX_TUNING: calibrate (default), table, or a file (core/algorithms/calibrate.h)
 };
 
 struct OpStats {
@@ -133,6 +135,7 @@ class CollxBackend : public c10d::Backend {
   // (rendezvous.h), and what "auto" runs for an all-reduce of `bytes` here.
   std::vector<int> hosts() const;
   Algorithm autoAllreduce(size_t bytes) const;
+  const Tuning& tuning() const { return tuning_; }
 
  private:
   // Runs on the executor (or inline in a waiting caller); returns the stats
@@ -186,12 +189,17 @@ class CollxBackend : public c10d::Backend {
   // Runs one send or receive, or records it while coalescing.
   c10::intrusive_ptr<c10d::Work> addP2P(P2POp op, c10d::OpType type);
 
+  // Fits auto's cost model to this group (or takes the table, a file, the
+  // cache): the group's first exchange, before any op.
+  void tune();
+
   const Config config_;
   const std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Device> device_;
   std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> seq_{0};
   Workspace workspace_;  // the algorithms' scratch; one op runs at a time
+  Tuning tuning_ = Tuning::table();  // auto's cost model, fitted at creation
   Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)
   std::mutex coalesceMutex_;
   bool coalescing_ = false;

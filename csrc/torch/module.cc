@@ -29,6 +29,31 @@ size_t bytesOrOff(const char* name, size_t byDefault) {
   return size_t(std::stoull(value));
 }
 
+// COLLX_TUNING: calibrate (the default), table, or the path of a tuning file.
+// Calibrations are cached under $XDG_CACHE_HOME/torchcollx, else
+// ~/.cache/torchcollx.
+collx::TuningPolicy tuningPolicy() {
+  collx::TuningPolicy p;
+  const char* home = std::getenv("HOME");
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    p.cacheDir = std::string(xdg) + "/torchcollx";
+  } else if (home && *home) {
+    p.cacheDir = std::string(home) + "/.cache/torchcollx";
+  }
+  const char* v = std::getenv("COLLX_TUNING");
+  const std::string value = v ? v : "calibrate";
+  if (value == "calibrate") return p;
+  if (value == "table") {
+    p.mode = collx::TuningPolicy::Mode::kTable;
+  } else if (value.empty()) {
+    throw py::value_error("collx: COLLX_TUNING is empty: use calibrate, table, or the path of a tuning file");
+  } else {
+    p.mode = collx::TuningPolicy::Mode::kFile;
+    p.file = value;
+  }
+  return p;
+}
+
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                 int size, double timeoutSeconds, const std::string& algorithm,
                                                 int treeArity, int64_t segmentBytes, const std::string& ifname,
@@ -52,6 +77,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     }
     config.stageCpuTensors = value == "1";
   }
+  config.tuning = tuningPolicy();
   config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
   config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);
   if (config.stagingChunkBytes == 0) throw py::value_error("collx: COLLX_STAGING_CHUNK_BYTES=0: use off or a byte count");
@@ -114,6 +140,23 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("algorithm", [](const CollxBackend& b) { return collx::name(b.config().algorithm); })
       .def_property_readonly("tree_arity", [](const CollxBackend& b) { return b.config().treeArity; })
       .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; })
+      .def(
+          "predict_allreduce_us",
+          [](const CollxBackend& b, size_t nbytes, const std::string& algorithm) {
+            collx::Algorithm a;
+            try {
+              a = collx::parseAlgorithm(algorithm.c_str());
+            } catch (const collx::Error& e) {
+              throw py::value_error(e.what());
+            }
+            if (a == collx::Algorithm::kAuto) a = b.autoAllreduce(nbytes);
+            return collx::predictAllreduceUs(b.tuning(), a, b.getSize(), b.config().treeArity, nbytes);
+          },
+          py::arg("nbytes"), py::arg("algorithm") = "auto",
+          "This group's fitted model: the predicted microseconds of an all-reduce of nbytes.")
+      .def_property_readonly(
+          "tuning", [](const CollxBackend& b) { return b.tuning().describe(b.getSize(), b.config().treeArity); },
+          "Where auto's cost model came from (calibration, cache, file, table), its constants, and its choices.")
       .def_property_readonly("timeout_seconds", [](CollxBackend& b) {
         return std::chrono::duration<double>(b.getBackendOptions()->timeout).count();
       });
@@ -123,11 +166,12 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "choose_allreduce",
       [](int worldSize, int treeArity, size_t nbytes, int hosts) {
-        return std::string(collx::name(collx::chooseAllreduce(worldSize, hosts, treeArity, nbytes)));
+        return std::string(collx::name(collx::chooseAllreduce(collx::Tuning::table(), worldSize, hosts, treeArity, nbytes)));
       },
       py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"), py::arg("hosts") = 1,
       "The algorithm 'auto' runs for an all-reduce of nbytes over world_size ranks on `hosts` machines\n"
-      "(hier when several hosts and some host runs several ranks, else the cost model of tuning.cc).");
+      "with the static table (COLLX_TUNING=table): hier when several hosts and some host runs several\n"
+      "ranks, else the cost model of tuning.cc. A group's own choice: its backend's choose_allreduce.");
   m.def(
       "predict_allreduce_us",
       [](const std::string& algorithm, int worldSize, int treeArity, size_t nbytes) {
@@ -137,10 +181,10 @@ PYBIND11_MODULE(_C, m) {
         } catch (const collx::Error& e) {
           throw py::value_error(e.what());
         }
-        return collx::predictAllreduceUs(a, worldSize, treeArity, nbytes);
+        return collx::predictAllreduceUs(collx::Tuning::table(), a, worldSize, treeArity, nbytes);
       },
       py::arg("algorithm"), py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"),
-      "The cost model's predicted microseconds for one all-reduce.");
+      "The static table's predicted microseconds for one all-reduce (a group's own: its backend's).");
   m.def("cast_scale", &collx::torch_glue::castScale, py::arg("dst"), py::arg("src"), py::arg("factor"),
         py::call_guard<py::gil_scoped_release>(),
         "dst = dst.dtype(src * factor) between float32 and float16/bfloat16, fused, no temporary.");

@@ -28,7 +28,7 @@ std::string allgatherInto(const Collective& c, const at::Tensor& input, at::Tens
 }  // namespace
 
 std::string treeLabel(const char* op, const Collective& c, size_t bytes) {
-  int arity = chooseTreeArity(c.size(), c.treeArity, bytes);
+  int arity = chooseTreeArity(c.costs(), c.size(), c.treeArity, bytes);
   return collx::str(op, arity == c.size() - 1 ? "/direct" : arity == 1 ? "/chain" : "/tree");
 }
 

@@ -28,7 +28,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   size_t bytes = 0;
   for (const auto& t : outputs) bytes += t.nbytes();
   const bool hier = Staging::current() &&
-                    resolveAllreduce(*device_, algo, config_.treeArity, bytes) == Algorithm::kHierarchical;
+                    resolveAllreduce(*device_, tuning_, algo, config_.treeArity, bytes) == Algorithm::kHierarchical;
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] {
     return resolveOp(op, dtype, "all_reduce", rank_, /*intoTensor=*/!hier);
   });

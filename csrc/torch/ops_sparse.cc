@@ -17,7 +17,7 @@ namespace collx::torch_glue {
 namespace {
 
 Collective as(const Collective& c, DataType dtype) {
-  return Collective{c.transport, c.kind, dtype, c.seq, c.deadline, c.segmentBytes, c.treeArity, c.workspace};
+  return Collective{c.transport, c.kind, dtype, c.seq, c.deadline, c.segmentBytes, c.treeArity, c.workspace, c.tuning};
 }
 
 std::string sizesOf(const int64_t* meta, size_t n) {

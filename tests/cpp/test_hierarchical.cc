@@ -98,10 +98,10 @@ void testHostLayout() {
 }
 
 void testAutoChoice() {
-  CHECK(chooseAllreduce(4, 2, 2, 16 << 20) == Algorithm::kHierarchical, "2 hosts x 2 ranks");
-  CHECK(chooseAllreduce(4, 2, 2, 4) == Algorithm::kHierarchical, "small buffers too");
-  CHECK(chooseAllreduce(4, 1, 2, 16 << 20) == chooseAllreduce(4, 2, 16 << 20), "one host: flat choice");
-  CHECK(chooseAllreduce(4, 4, 2, 16 << 20) == chooseAllreduce(4, 2, 16 << 20), "one rank per host: flat");
+  CHECK(chooseAllreduce(Tuning::table(), 4, 2, 2, 16 << 20) == Algorithm::kHierarchical, "2 hosts x 2 ranks");
+  CHECK(chooseAllreduce(Tuning::table(), 4, 2, 2, 4) == Algorithm::kHierarchical, "small buffers too");
+  CHECK(chooseAllreduce(Tuning::table(), 4, 1, 2, 16 << 20) == chooseAllreduce(Tuning::table(), 4, 2, 16 << 20), "one host: flat choice");
+  CHECK(chooseAllreduce(Tuning::table(), 4, 4, 2, 16 << 20) == chooseAllreduce(Tuning::table(), 4, 2, 16 << 20), "one rank per host: flat");
 }
 
 // The view renumbers ranks: view {5, 1, 3} of 6 runs ring and broadcast as a
@@ -178,7 +178,7 @@ int main() {
       testLayout(g, seq, hosts, Algorithm::kHierarchical, Algorithm::kHierarchical, count, 4096);
       // auto: hierarchical exactly when hosts are several and one has several ranks.
       const size_t bytes = count * sizeof(float);
-      Algorithm wantAuto = distinct > 1 && distinct < n ? Algorithm::kHierarchical : chooseAllreduce(n, 2, bytes);
+      Algorithm wantAuto = distinct > 1 && distinct < n ? Algorithm::kHierarchical : chooseAllreduce(Tuning::table(), n, 2, bytes);
       testLayout(g, seq, hosts, Algorithm::kAuto, wantAuto, count, 4096);
     }
     std::printf("hierarchical: hosts %s ok\n", show(hosts).c_str());

@@ -40,7 +40,7 @@ HostLayout hostLayout(const Transport& t);
 // What `algo` runs for an all-reduce of `bytes` on `t`: itself, or for kAuto
 // the hierarchical one when the group spans hosts with several ranks on one,
 // else the cost model's.
-Algorithm resolveAllreduce(const Transport& t, Algorithm algo, int treeArity, size_t bytes);
+Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes);
 // Runs `algo` (resolved as above) and returns the one that ran.
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn);
 

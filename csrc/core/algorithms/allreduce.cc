@@ -24,13 +24,13 @@ Algorithm parseAlgorithm(const char* s) {
   throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree, star, direct or hier)"));
 }
 
-Algorithm resolveAllreduce(const Transport& t, Algorithm algo, int treeArity, size_t bytes) {
+Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes) {
   if (algo != Algorithm::kAuto) return algo;
-  return chooseAllreduce(t.size(), t.hostCount(), treeArity, bytes);
+  return chooseAllreduce(tuning, t.size(), t.hostCount(), treeArity, bytes);
 }
 
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn) {
-  algo = resolveAllreduce(c.transport, algo, c.treeArity, count * elementSize(c.dtype));
+  algo = resolveAllreduce(c.transport, c.costs(), algo, c.treeArity, count * elementSize(c.dtype));
   switch (algo) {
     case Algorithm::kRing: ringAllreduce(c, buf, count, fn); break;
     case Algorithm::kTree: treeAllreduce(c, buf, count, fn); break;

@@ -22,6 +22,8 @@ class Workspace {
   std::vector<char> buf_;
 };
 
+struct Tuning;
+
 struct Collective {
   Transport& transport;
   OpKind kind;
@@ -31,10 +33,14 @@ struct Collective {
   size_t segmentBytes;  // pipelining unit of ring and tree
   int treeArity;
   Workspace& workspace;
+  const Tuning* tuning = nullptr;  // auto's cost model (tuning.h); null: the static table
 
   // The same collective (identity, deadline, tunables) on another transport,
   // e.g. a sub-group view of this one.
-  Collective on(Transport& t) const { return Collective{t, kind, dtype, seq, deadline, segmentBytes, treeArity, workspace}; }
+  Collective on(Transport& t) const {
+    return Collective{t, kind, dtype, seq, deadline, segmentBytes, treeArity, workspace, tuning};
+  }
+  const Tuning& costs() const;  // tuning.cc
 
   int rank() const { return transport.rank(); }
   int size() const { return transport.size(); }

@@ -63,7 +63,7 @@ void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceF
     SubgroupTransport leaderView(c.transport, std::move(leaders));
     const Collective across = c.on(leaderView);
     const int h = leaderView.size();
-    Algorithm a = chooseAllreduce(h, c.treeArity, count * elementSize(c.dtype));
+    Algorithm a = chooseAllreduce(c.costs(), h, c.treeArity, count * elementSize(c.dtype));
     allreduce(across, a, buf, count, fn);
   }
 

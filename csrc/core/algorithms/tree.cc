@@ -123,7 +123,7 @@ void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
 void broadcast(const Collective& c, void* buf, size_t count, int root) {
   COLLX_CHECK(root >= 0 && root < c.size(), "collx rank ", c.rank(), ": broadcast root ", root,
               " is out of range for a group of size ", c.size());
-  int arity = chooseTreeArity(c.size(), c.treeArity, count * elementSize(c.dtype));
+  int arity = chooseTreeArity(c.costs(), c.size(), c.treeArity, count * elementSize(c.dtype));
   treePass(c, static_cast<char*>(buf), count, root, arity, nullptr, true);
 }
 
@@ -132,7 +132,7 @@ void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn)
               " is out of range for a group of size ", c.size());
   const size_t bytes = count * elementSize(c.dtype);
   if (reduceByRing(c.size(), bytes)) return ringReduce(c, static_cast<char*>(buf), count, root, fn);
-  treePass(c, static_cast<char*>(buf), count, root, chooseTreeArity(c.size(), c.treeArity, bytes), fn, false);
+  treePass(c, static_cast<char*>(buf), count, root, chooseTreeArity(c.costs(), c.size(), c.treeArity, bytes), fn, false);
 }
 
 }  // namespace collx

@@ -1,0 +1,168 @@
+#include "calibrate.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "../error.h"
+#include "algorithms.h"
+
+namespace collx {
+
+namespace {
+
+// Sizes timed per algorithm, and timed runs at each (the median counts): the
+// latency end, the crossovers on loopback (tens of KiB), and the bandwidth
+// end, where star and direct fall behind the pipelined ring only past a few
+// hundred KiB. Few runs at the large sizes keep calibration near 35 ms at
+// n=4 on 2 cores.
+constexpr size_t kCalibrationSizes[] = {8, 16 << 10, 256 << 10, 1 << 20};
+constexpr int kCalibrationReps[] = {3, 3, 2, 1};
+constexpr size_t kNumSizes = sizeof(kCalibrationSizes) / sizeof(kCalibrationSizes[0]);
+// Sequence numbers of calibration frames: far above any op's.
+constexpr uint64_t kCalibrationSeq = uint64_t(1) << 62;
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+bool readFile(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream s;
+  s << in.rdbuf();
+  *out = s.str();
+  return bool(in) || in.eof();
+}
+
+// Writes `text` to `path` through a temporary in the same folder, so that a
+// reader never sees half a file. Returns why it failed, or "".
+std::string writeFileAtomically(const std::string& dir, const std::string& path, const std::string& text) {
+  std::string made;
+  for (size_t at = 1; at != std::string::npos; at = dir.find('/', at + 1)) {
+    made = dir.substr(0, at);
+    ::mkdir(made.c_str(), 0700);
+  }
+  ::mkdir(dir.c_str(), 0700);
+  // Ranks sharing the folder write the same text; each through its own temporary.
+  const std::string tmp = str(path, ".", ::getpid(), ".", std::hash<std::thread::id>()(std::this_thread::get_id()), ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out) return str("cannot write ", tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return str("cannot rename ", tmp, " to ", path);
+  }
+  return "";
+}
+
+class Calibration {
+ public:
+  explicit Calibration(const Collective& c) : c_(c) {}
+
+  // A kCalibrate all-reduce of `count` elements with `algo`, under a
+  // sequence number of its own.
+  void allreduce(Algorithm algo, DataType dtype, ReduceOp op, void* buf, size_t count) {
+    Collective op_{c_.transport, OpKind::kCalibrate, dtype, kCalibrationSeq + next_++, c_.deadline,
+                   c_.segmentBytes, c_.treeArity, c_.workspace, c_.tuning};
+    collx::allreduce(op_, algo, buf, count, cpuReduceFn(dtype, op));
+  }
+
+  // Whether every rank passed the same value.
+  bool allAgree(uint64_t value) {
+    const int64_t v = int64_t(value >> 2) + 1;  // positive, so that -v fits
+    int64_t both[2] = {v, -v};
+    allreduce(Algorithm::kDirect, DataType::kInt64, ReduceOp::kMax, both, 2);
+    return both[0] == -both[1];
+  }
+
+  Tuning measure(const std::string& source, double* ms) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    std::vector<char> buf(kCalibrationSizes[kNumSizes - 1]);
+    std::vector<double> medians(std::size(kFlatAlgorithms) * kNumSizes);  // [algorithm][size], microseconds
+    for (size_t k = 0; k < kNumSizes; ++k) {
+      const size_t count = kCalibrationSizes[k] / sizeof(float);
+      // One warm-up per size, which grows the shared workspace to it.
+      allreduce(Algorithm::kRing, DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
+      for (size_t a = 0; a < std::size(kFlatAlgorithms); ++a) {
+        std::vector<double> us;
+        for (int rep = 0; rep < kCalibrationReps[k]; ++rep) {
+          const auto t0 = Clock::now();
+          allreduce(kFlatAlgorithms[a], DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
+          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        }
+        std::sort(us.begin(), us.end());
+        medians[a * kNumSizes + k] = us[us.size() / 2];
+      }
+    }
+    allreduce(Algorithm::kDirect, DataType::kFloat64, ReduceOp::kMax, medians.data(), medians.size());
+    std::vector<std::vector<double>> table;
+    for (size_t a = 0; a < medians.size(); a += kNumSizes) {
+      table.emplace_back(medians.begin() + long(a), medians.begin() + long(a + kNumSizes));
+    }
+    *ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    char took[32];
+    std::snprintf(took, sizeof(took), " in %.1f ms", *ms);
+    return Tuning::fit(c_.size(), c_.treeArity,
+                       std::vector<size_t>(kCalibrationSizes, kCalibrationSizes + kNumSizes), table, source + took);
+  }
+
+ private:
+  const Collective& c_;
+  uint64_t next_ = 0;
+};
+
+}  // namespace
+
+TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
+  TuningOutcome out{Tuning::table(), 0, ""};
+  if (policy.mode == TuningPolicy::Mode::kTable || c.size() <= 1) return out;
+  Calibration cal(c);
+  std::string text;
+  if (policy.mode == TuningPolicy::Mode::kFile) {
+    if (!readFile(policy.file, &text)) throw Error(str("collx: cannot read the tuning file ", policy.file));
+    out.tuning = Tuning::parse(text, str("file ", policy.file));
+    if (!cal.allAgree(fnv1a(text))) {
+      throw Error(str("collx: the tuning file ", policy.file, " differs between ranks (COLLX_TUNING)"));
+    }
+    return out;
+  }
+  char name[32];
+  std::snprintf(name, sizeof(name), "/tuning-%016llx.txt", static_cast<unsigned long long>(fnv1a(policy.cacheKey)));
+  const std::string path = policy.cacheDir.empty() ? "" : policy.cacheDir + name;
+  uint64_t mine = 0;
+  Tuning cached = Tuning::table();
+  if (!path.empty() && readFile(path, &text)) {
+    try {
+      cached = Tuning::parse(text, str("cache ", path));
+      mine = fnv1a(text);
+    } catch (const Error&) {  // a damaged cache is recalibrated and rewritten
+    }
+  }
+  if (cal.allAgree(mine) && mine != 0) {
+    out.tuning = cached;
+    return out;
+  }
+  out.tuning = cal.measure("calibration", &out.calibrationMs);
+  if (!path.empty()) {
+    out.cacheWarning = writeFileAtomically(policy.cacheDir, path,
+                                           str("# ", policy.cacheKey, "\n", out.tuning.serialize()));
+  }
+  return out;
+}
+
+}  // namespace collx

@@ -1,0 +1,164 @@
+// Auto's cost model: the fit recovers known constants, the text form round
+// trips and rejects bad files, and tuneGroup over real loopback TCP gives
+// every rank the same tuning, reuses an agreed cache, recalibrates when the
+// ranks' caches differ, and refuses a tuning file that differs.
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+#include "../../csrc/core/algorithms/calibrate.h"
+#include "../../csrc/core/error.h"
+#include "check.h"
+#include "group.h"
+
+using namespace collx;
+
+namespace {
+
+void testFitRecoversConstants() {
+  // Times made from known constants: latency L per step, bandwidth B.
+  const int n = 4, arity = 2;
+  Tuning truth = Tuning::table();
+  truth.cost[size_t(Algorithm::kRing)] = {12.0, 3000.0};
+  truth.cost[size_t(Algorithm::kTree)] = {20.0, 800.0};
+  truth.cost[size_t(Algorithm::kStar)] = {40.0, 2000.0};
+  truth.cost[size_t(Algorithm::kDirect)] = {55.0, 400.0};
+  const std::vector<size_t> sizes = {8, 16 << 10, 256 << 10, 1 << 20};
+  std::vector<std::vector<double>> us;
+  for (Algorithm a : kFlatAlgorithms) {
+    us.emplace_back();
+    for (size_t s : sizes) us.back().push_back(predictAllreduceUs(truth, a, n, arity, s));
+  }
+  const Tuning fitted = Tuning::fit(n, arity, sizes, us, "test");
+  for (Algorithm a : kFlatAlgorithms) {
+    const auto& got = fitted.cost[size_t(a)];
+    const auto& want = truth.cost[size_t(a)];
+    CHECK(std::fabs(got.latencyUs - want.latencyUs) < 1e-6 * want.latencyUs + 1e-9, name(a), " latency ",
+          got.latencyUs, " want ", want.latencyUs);
+    CHECK(std::fabs(got.bytesPerUs - want.bytesPerUs) < 1e-6 * want.bytesPerUs, name(a), " bandwidth ",
+          got.bytesPerUs, " want ", want.bytesPerUs);
+  }
+  // Its choices are the truth's.
+  for (size_t b = 1; b <= (size_t(1) << 28); b *= 4) {
+    CHECK(chooseAllreduce(fitted, n, arity, b) == chooseAllreduce(truth, n, arity, b), "choice at ", b);
+  }
+  // A slope hidden by noise (times falling with size) still gives a finite,
+  // positive bandwidth rather than an algorithm that looks free.
+  std::vector<std::vector<double>> noisy = {{50, 40, 30, 20}, us[1], us[2], us[3]};
+  const Tuning t = Tuning::fit(n, arity, sizes, noisy, "noisy");
+  CHECK(t.cost[size_t(Algorithm::kRing)].bytesPerUs <= 1e5, "ring bandwidth ", t.cost[size_t(Algorithm::kRing)].bytesPerUs);
+}
+
+void testTextForm() {
+  Tuning t = Tuning::table();
+  t.cost[size_t(Algorithm::kStar)] = {7.25, 1234.5};
+  const Tuning back = Tuning::parse("# a comment\n" + t.serialize(), "round trip");
+  for (size_t i = 1; i < size_t(Algorithm::kCount); ++i) {
+    CHECK(back.cost[i].latencyUs == t.cost[i].latencyUs && back.cost[i].bytesPerUs == t.cost[i].bytesPerUs,
+          "algorithm ", i);
+  }
+  for (const char* bad : {"", "collx-tuning 2\n", "hello\n", "collx-tuning 1\nring 1 0\ntree 1 1\nstar 1 1\ndirect 1 1\n",
+                          "collx-tuning 1\nring 1 1\n", "collx-tuning 1\nring 1 1\nwheel 1 1\n",
+                          "collx-tuning 1\nring -1 5\ntree 1 1\nstar 1 1\ndirect 1 1\n"}) {
+    bool threw = false;
+    try {
+      Tuning::parse(bad, "bad");
+    } catch (const Error& e) {
+      threw = std::string(e.what()).find("bad") != std::string::npos;
+    }
+    CHECK(threw, "parse accepted '", bad, "'");
+  }
+}
+
+std::vector<TuningOutcome> tuneAll(test::Group& g, const std::vector<TuningPolicy>& policies) {
+  const int n = int(g.devices.size());
+  std::vector<TuningOutcome> out(size_t(n), TuningOutcome{Tuning::table(), 0, ""});
+  test::runRanks(n, [&](int r) {
+    thread_local Workspace ws;
+    Collective c{*g.devices[r], OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + std::chrono::seconds(60),
+                 512 << 10, 2, ws};
+    out[size_t(r)] = tuneGroup(c, policies[size_t(r)]);
+  });
+  return out;
+}
+
+void checkSame(const std::vector<TuningOutcome>& out, const char* what) {
+  for (const auto& o : out) {
+    CHECK(o.tuning.serialize() == out[0].tuning.serialize(), what, ": ranks fitted different constants");
+    CHECK(o.tuning.source.substr(0, 6) == out[0].tuning.source.substr(0, 6), what, ": ", o.tuning.source, " vs ",
+          out[0].tuning.source);
+  }
+}
+
+void testTuneGroup() {
+  char tmpl[] = "/tmp/collx-tuning-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  for (int n : {2, 3}) {
+    test::Group g(n);
+    TuningPolicy p;
+    p.cacheDir = dir + "/cache";  // created on first use
+    p.cacheKey = str("test n=", n);
+    std::vector<TuningPolicy> policies(size_t(n), p);
+
+    auto first = tuneAll(g, policies);
+    checkSame(first, "calibration");
+    CHECK(first[0].calibrationMs > 0 && first[0].cacheWarning.empty(), "n=", n, ": ", first[0].tuning.source,
+          " warning '", first[0].cacheWarning, "'");
+    CHECK(first[0].tuning.source.rfind("calibration in", 0) == 0, first[0].tuning.source);
+
+    auto second = tuneAll(g, policies);  // every rank reads the same cache file
+    checkSame(second, "cache");
+    CHECK(second[0].calibrationMs == 0 && second[0].tuning.source.rfind("cache ", 0) == 0, second[0].tuning.source);
+    CHECK(second[0].tuning.serialize() == first[0].tuning.serialize(), "the cache holds what was fitted");
+
+    // One rank's cache differs (another key): all recalibrate together.
+    policies[1].cacheKey = "another key";
+    auto third = tuneAll(g, policies);
+    checkSame(third, "disagreeing caches");
+    CHECK(third[0].calibrationMs > 0, "disagreeing caches were used: ", third[0].tuning.source);
+
+    // The table: no exchange at all, on any rank.
+    std::vector<TuningPolicy> table{size_t(n), TuningPolicy{}};
+    for (auto& t : table) t.mode = TuningPolicy::Mode::kTable;
+    auto fourth = tuneAll(g, table);
+    CHECK(fourth[0].tuning.source == "table", fourth[0].tuning.source);
+  }
+
+  // A tuning file: used when identical everywhere, refused when not.
+  test::Group g(2);
+  const std::string a = dir + "/a.txt", b = dir + "/b.txt";
+  Tuning t = Tuning::table();
+  std::ofstream(a) << t.serialize();
+  t.cost[size_t(Algorithm::kRing)].latencyUs = 99;
+  std::ofstream(b) << t.serialize();
+  TuningPolicy fa, fb;
+  fa.mode = fb.mode = TuningPolicy::Mode::kFile;
+  fa.file = a, fb.file = b;
+  auto same = tuneAll(g, {fa, fa});
+  CHECK(same[1].tuning.source == "file " + a, same[1].tuning.source);
+  int refused = 0;
+  test::runRanks(2, [&](int r) {
+    thread_local Workspace ws;
+    Collective c{*g.devices[r], OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + std::chrono::seconds(60),
+                 512 << 10, 2, ws};
+    try {
+      tuneGroup(c, r == 0 ? fa : fb);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("differs between ranks") != std::string::npos) ++refused;
+    }
+  });
+  CHECK(refused == 2, "a tuning file that differs was refused on ", refused, " of 2 ranks");
+  std::system(str("rm -rf ", dir).c_str());
+}
+
+}  // namespace
+
+int main() {
+  testFitRecoversConstants();
+  testTextForm();
+  testTuneGroup();
+  std::printf("test_tuning: ok\n");
+  return 0;
+}

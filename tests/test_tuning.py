@@ -1,0 +1,98 @@
+"""COLLX_TUNING: auto's cost model, calibrated at group creation (the
+default), cached, taken from the static table, or read from a file.
+
+The C++ test tests/cpp/test_tuning.cc covers the fit, the file format and
+the agreement between ranks; here the same through init_process_group and
+new_group, with a private cache folder (XDG_CACHE_HOME) per test.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+torchcollx = pytest.importorskip("torchcollx")
+
+from launcher import run_ranks  # noqa: E402
+
+SIZES = [4 ** k for k in range(14)]  # 1 B .. 64 MiB
+
+
+def _groups(rank, ws):
+    """The default group, then a new group of the same shape: the tuning each
+    reports, and what auto would run at each size."""
+    first = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    second = dist.new_group(backend="collx")._get_backend(torch.device("cpu"))
+    t = torch.full((100_003,), float(rank + 1))
+    dist.all_reduce(t)  # auto, with the fitted model
+    return {
+        "tunings": [first.tuning, second.tuning],
+        "choices": [first.choose_allreduce(s) for s in SIZES],
+        "ok": bool((t == ws * (ws + 1) / 2).all()),
+    }
+
+
+@pytest.mark.parametrize("ws", [2, 4])
+def test_calibrated_then_cached(ws, tmp_path):
+    results = run_ranks(_groups, ws, timeout=120, env={"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": None})
+    for r in results:
+        first, second = r["tunings"]
+        assert first.startswith("tuning from calibration in "), first
+        assert second.startswith("tuning from cache " + str(tmp_path / "torchcollx")), second
+        # The same constants and choices as rank 0's: every rank picks the same algorithm.
+        assert first.split(":", 1)[1] == results[0]["tunings"][0].split(":", 1)[1]
+        assert second.split(":", 1)[1] == first.split(":", 1)[1]
+        assert r["choices"] == results[0]["choices"] and r["ok"]
+    assert len(os.listdir(tmp_path / "torchcollx")) == 1
+    # A later run on the same machine reuses the cache from its first group on.
+    again = run_ranks(_groups, ws, timeout=120, env={"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": None})
+    assert all(r["tunings"][0].startswith("tuning from cache ") for r in again), again[0]["tunings"]
+
+
+def test_table(tmp_path):
+    results = run_ranks(_groups, 2, timeout=60, env={"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": "table"})
+    assert all(t.startswith("tuning from table: ") for r in results for t in r["tunings"]), results[0]["tunings"]
+    assert all(r["choices"] == [torchcollx._C.choose_allreduce(2, 2, s) for s in SIZES] for r in results)
+    assert not os.path.exists(tmp_path / "torchcollx")
+
+
+TUNING_FILE = """\
+# direct is made very cheap, ring very dear: auto picks direct at every size
+collx-tuning 1
+ring 500 10
+tree 500 10
+star 500 10
+direct 1 100000
+hier 500 10
+"""
+
+
+def test_file(tmp_path):
+    path = tmp_path / "tuning.txt"
+    path.write_text(TUNING_FILE)
+    results = run_ranks(_groups, 3, timeout=60, env={"COLLX_TUNING": str(path)})
+    for r in results:
+        assert r["tunings"][0].startswith(f"tuning from file {path}: "), r["tunings"]
+        assert r["choices"] == ["direct"] * len(SIZES) and r["ok"]
+
+
+def _init_only(rank, ws):
+    return True
+
+
+@pytest.mark.parametrize("value, message", [
+    ("", "COLLX_TUNING is empty"),
+    ("/nonexistent/tuning.txt", "cannot read the tuning file /nonexistent/tuning.txt"),
+])
+def test_bad_value_is_a_clear_error(value, message):
+    with pytest.raises(AssertionError, match=message):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_TUNING": value})
+
+
+def test_bad_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "tuning.txt"
+    path.write_text("collx-tuning 1\nring 30 fast\n")
+    with pytest.raises(AssertionError, match="bad constants for 'ring'"):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_TUNING": str(path)})
