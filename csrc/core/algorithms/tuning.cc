@@ -1,9 +1,11 @@
 #include "tuning.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <iterator>
-#include <iomanip>
 #include <limits>
 
 #include "../error.h"
@@ -39,6 +41,34 @@ double factor(Algorithm a, int n, int arity) {
     case Algorithm::kHierarchical: return 1.0 + std::min(arity, n - 1);
     default: return 0;
   }
+}
+
+// Whitespace-separated words of `text`, without its comment lines (#).
+std::vector<std::string> words(const std::string& text) {
+  std::vector<std::string> out;
+  bool comment = false, lineStart = true;
+  std::string w;
+  for (char ch : text) {
+    if (lineStart && ch == '#') comment = true;
+    lineStart = ch == '\n';
+    if (comment) {
+      comment = !lineStart;
+      continue;
+    }
+    if (std::isspace(static_cast<unsigned char>(ch))) {
+      if (!w.empty()) out.push_back(std::move(w)), w.clear();
+    } else {
+      w += ch;
+    }
+  }
+  if (!w.empty()) out.push_back(std::move(w));
+  return out;
+}
+
+bool number(const std::string& w, double* v) {
+  char* end = nullptr;
+  *v = std::strtod(w.c_str(), &end);
+  return !w.empty() && end == w.c_str() + w.size() && std::isfinite(*v);
 }
 
 std::string bytesText(size_t b) {
@@ -106,35 +136,6 @@ std::string Tuning::serialize() const {
   return out;
 }
 
-namespace {
-// Whitespace-separated words of `text`, without its comment lines (#).
-std::vector<std::string> words(const std::string& text) {
-  std::vector<std::string> out;
-  bool comment = false, lineStart = true;
-  std::string w;
-  for (char ch : text) {
-    if (lineStart && ch == '#') comment = true;
-    lineStart = ch == '\n';
-    if (comment) {
-      comment = !lineStart;
-      continue;
-    }
-    if (std::isspace(static_cast<unsigned char>(ch))) {
-      if (!w.empty()) out.push_back(std::move(w)), w.clear();
-    } else {
-      w += ch;
-    }
-  }
-  if (!w.empty()) out.push_back(std::move(w));
-  return out;
-}
-
-bool number(const std::string& w, double* v) {
-  char* end = nullptr;
-  *v = std::strtod(w.c_str(), &end);
-  return !w.empty() && end == w.c_str() + w.size() && std::isfinite(*v);
-}
-}  // namespace
 
 Tuning Tuning::parse(const std::string& text, const std::string& source) {
   const std::vector<std::string> w = words(text);
