@@ -304,8 +304,9 @@ def check_stats(rank, ws, fail):
         if algo != "auto":
             if set(labels) != {f"all_reduce/{algo}"}:
                 fail(f"{algo}: labels after {k} all_reduce: {sorted(labels)}")
-        elif len(labels) != 1 or next(iter(labels)) not in {"all_reduce/ring", "all_reduce/tree", "all_reduce/star"}:
-            fail(f"auto: labels after {k} all_reduce of one size: {sorted(labels)}")
+        elif set(labels) != {"all_reduce/" + g._get_backend(torch.device("cpu")).choose_allreduce(nbytes)}:
+            fail(f"auto: labels after {k} all_reduce of one size: {sorted(labels)}, but the group's model "
+                 f"chooses {g._get_backend(torch.device('cpu')).choose_allreduce(nbytes)}")
         if s1["ops"] != k or sum(v["calls"] for v in labels.values()) != k:
             fail(f"{algo}: after {k} all_reduce: ops={s1['ops']}, algorithms={labels}")
         if any(not (v["seconds"] > 0) for v in labels.values()):

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-pytest.importorskip("torchcollx")
+torchcollx = pytest.importorskip("torchcollx")
 
 from launcher import Died, run_ranks  # noqa: E402
 
@@ -104,8 +104,11 @@ def test_dead_peer_fails_every_survivor_fast(ws, when, tmp_path):
 
 def _stalled_peer(rank, ws, victim, op_timeout, group_timeout):
     """The victim stops itself (SIGSTOP). The survivors time out on a per-op
-    timeout (the default group, 60 s group timeout) and on a group timeout
-    (a second group), then kill the victim."""
+    timeout (the default group, 60 s group timeout, direct all-reduce: every
+    rank waits on the victim itself) and on a group timeout (a second group;
+    its small broadcast from the victim goes straight to every rank), then
+    kill the victim. With a star or a tree, a rank names the peer it waited
+    for, which may be a healthy one waiting on the victim."""
     g2 = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=group_timeout))
     pids = [None] * ws
     dist.all_gather_object(pids, os.getpid())
@@ -132,7 +135,7 @@ def _stalled_peer(rank, ws, victim, op_timeout, group_timeout):
 def test_stalled_peer_times_out_naming_it(ws):
     victim, op_timeout, group_timeout = ws - 1, 2.0, 3.0
     res = run_ranks(_stalled_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
-                    args=(victim, op_timeout, group_timeout))
+                    args=(victim, op_timeout, group_timeout), pg_options=torchcollx.Options(algorithm="direct"))
     assert isinstance(res[victim], Died), f"the stopped rank ended as {res[victim]!r}"
     for rank, r in enumerate(res):
         if rank == victim:

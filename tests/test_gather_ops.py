@@ -56,7 +56,7 @@ def check_broadcast(rank, ws, fail):
     chain = dist.new_group(backend="collx", pg_options=torchcollx.Options(tree_arity=1))
     groups = {"world": (None, 2), "tree_arity=1": (chain, 1)}
     for gname, (g, arity) in groups.items():
-        # The cost model (tuning.cc) takes the fastest of direct (k = n-1), the
+        # The static table (tuning.cc) takes the fastest of direct (k = n-1), the
         # configured arity and a chain (k = 1) by depth(k)*30us + bytes*k/1000:
         # at n=2 direct and chain coincide (labelled direct); at 4 MB a chain otherwise.
         large_label = "broadcast/direct" if ws == 2 else "broadcast/chain"
@@ -344,4 +344,7 @@ SUITE_CHECKS = [
 ]
 
 
-test_collective = suite_test(__name__, "SUITE_CHECKS", WORLD_SIZES, with_gloo=True, timeout=240)
+# check_broadcast expects the static table's tree arities (COLLX_TUNING=table);
+# test_tuning.py covers the calibrated model.
+test_collective = suite_test(__name__, "SUITE_CHECKS", WORLD_SIZES, with_gloo=True, timeout=240,
+                             env={"COLLX_TUNING": "table"})

@@ -26,7 +26,8 @@ import test_reduce_ops  # noqa: E402
 from common import ALGORITHMS, DTYPES, Suite, dtype_name, expected, gen, mismatch, reduce_op, run_checks  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
-STAGED_ENV = {"COLLX_STAGE_CPU_TENSORS": "1"}
+# The table (COLLX_TUNING): test_gather_ops' checks expect its tree arities.
+STAGED_ENV = {"COLLX_STAGE_CPU_TENSORS": "1", "COLLX_TUNING": "table"}
 WS = 3
 
 
