@@ -53,6 +53,7 @@ _C.CollxBackend.options = property(
     lambda b: _SplitOptions(BACKEND_NAME, datetime.timedelta(seconds=b.timeout_seconds)),
     doc="The group's c10d options (backend name and timeout), deep-copyable.")
 
+
 def _perform_nocolor_split(backend, device):
     """What torch calls on each non-member of a new group when the default
     group is bound to a device (device_id=): NCCL's split is collective over the

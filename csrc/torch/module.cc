@@ -29,6 +29,15 @@ size_t bytesOrOff(const char* name, size_t byDefault) {
   return size_t(std::stoull(value));
 }
 
+// An algorithm's name from Python; a bad one is a ValueError.
+collx::Algorithm algorithmArg(const std::string& name) {
+  try {
+    return collx::parseAlgorithm(name.c_str());
+  } catch (const collx::Error& e) {
+    throw py::value_error(e.what());
+  }
+}
+
 // COLLX_TUNING: calibrate (the default), table, or the path of a tuning file.
 // Calibrations are cached under $XDG_CACHE_HOME/torchcollx, else
 // ~/.cache/torchcollx.
@@ -120,12 +129,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "allreduce_with",
           [](CollxBackend& b, at::Tensor& t, const std::string& algorithm, bool average) {
-            collx::Algorithm a;
-            try {
-              a = collx::parseAlgorithm(algorithm.c_str());
-            } catch (const collx::Error& e) {
-              throw py::value_error(e.what());
-            }
+            const collx::Algorithm a = algorithmArg(algorithm);
             c10d::ReduceOp op(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
             return b.allreduceWith(t, op, a);
           },
@@ -143,12 +147,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "predict_allreduce_us",
           [](const CollxBackend& b, size_t nbytes, const std::string& algorithm) {
-            collx::Algorithm a;
-            try {
-              a = collx::parseAlgorithm(algorithm.c_str());
-            } catch (const collx::Error& e) {
-              throw py::value_error(e.what());
-            }
+            collx::Algorithm a = algorithmArg(algorithm);
             if (a == collx::Algorithm::kAuto) a = b.autoAllreduce(nbytes);
             return collx::predictAllreduceUs(b.tuning(), a, b.getSize(), b.config().treeArity, nbytes);
           },
@@ -175,13 +174,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "predict_allreduce_us",
       [](const std::string& algorithm, int worldSize, int treeArity, size_t nbytes) {
-        collx::Algorithm a;
-        try {
-          a = collx::parseAlgorithm(algorithm.c_str());
-        } catch (const collx::Error& e) {
-          throw py::value_error(e.what());
-        }
-        return collx::predictAllreduceUs(collx::Tuning::table(), a, worldSize, treeArity, nbytes);
+        return collx::predictAllreduceUs(collx::Tuning::table(), algorithmArg(algorithm), worldSize, treeArity, nbytes);
       },
       py::arg("algorithm"), py::arg("world_size"), py::arg("tree_arity"), py::arg("nbytes"),
       "The static table's predicted microseconds for one all-reduce (a group's own: its backend's).");
