@@ -59,6 +59,22 @@ def _tcp_pair():
     return a, b
 
 
+def memcpy_gbps(nbytes=64 << 20, repeats=5):
+    """One core's memcpy: bytes copied per second, best of a few 64 MB copies
+    (the ceiling of any path between ranks on one host)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    dst.copy_(src)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
+    torch.set_num_threads(threads)
+    return best
+
+
 def loopback_half_rtt_us(rounds=2000, warm=200):
     """Median half round trip of a 4-byte message to an echo subprocess (no shared GIL)."""
     lst = socket.create_server(("127.0.0.1", 0))
@@ -127,10 +143,17 @@ def make_groups(args):
                      "build it or run with --backends gloo")
         extra = {k: v for k, v in (("tree_arity", args.tree_arity),
                                    ("segment_bytes", args.segment_bytes)) if v is not None}
-        for algo in args.algos:
-            opts = torchcollx.Options(algorithm=algo, **extra)
-            groups.append((f"collx/{algo}", dist.new_group(backend="collx", pg_options=opts)))
+        for transport in args.transports:
+            prefix = "collx" if len(args.transports) == 1 else transport
+            for algo in args.algos:
+                opts = torchcollx.Options(algorithm=algo, transport=transport, **extra)
+                groups.append((f"{prefix}/{algo}", dist.new_group(backend="collx", pg_options=opts)))
     return groups
+
+
+def collx_sets(groups):
+    """The prefixes of the collx group sets: "collx", or one per transport."""
+    return sorted({g.split("/")[0] for g, _ in groups if g != "gloo"})
 
 
 def check(name, group, buf):
@@ -181,6 +204,37 @@ def time_point(name, group, nbytes, args):
     return mean, p50, iters
 
 
+def one_rank_floor_us(args):
+    """Mean time of a 4-byte all_reduce on a one-rank collx group and on a
+    one-rank gloo group: the per-call cost before any byte moves."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for backend in ("collx", "gloo"):
+        mine = None
+        for r in range(n):  # every rank takes part in creating every group
+            g = dist.new_group(ranks=[r], backend=backend)
+            if r == rank:
+                mine = g
+        buf = torch.zeros(1, device=args.device)
+        run_ops(mine, buf, 100)
+        ts = run_ops(mine, buf, 2000)
+        out.append((ts[-1] - ts[0]) / 2000 * 1e6)
+    return agreed_max(*out)
+
+
+def shm_vs_tcp(rows):
+    """With --transports tcp,shm: per size and algorithm, shm's time over tcp's."""
+    by = {(r["name"], r["bytes"]): r for r in rows}
+    algos = sorted({r["name"][4:] for r in rows if r["name"].startswith("shm/")})
+    if not algos or not any(("tcp/" + a, b) in by for a in algos for _, b in by):
+        return
+    print("# shm time / tcp time per size (lower is better): " + ", ".join(algos))
+    for size in sorted({b for _, b in by}):
+        cells = [f"{by[('shm/' + a, size)]['time_us'] / by[('tcp/' + a, size)]['time_us']:.2f}"
+                 if ("shm/" + a, size) in by and ("tcp/" + a, size) in by else "-" for a in algos]
+        print(f"#   {size:>10d}  " + "  ".join(f"{c:>6s}" for c in cells))
+
+
 def auto_vs_best(rows, groups, args):
     """Per size: what auto chose (the group's fitted model, COLLX_TUNING) and
     how its time compares with the fastest forced algorithm's. Timed apart
@@ -190,14 +244,21 @@ def auto_vs_best(rows, groups, args):
     auto/best: the auto group over the best forced group. choice/best: the
     forced group of the algorithm auto chose over the best: the model's own
     error, free of the auto group's separate setup."""
-    names = [g for g, _ in groups if g.startswith("collx/")]
-    if "collx/auto" not in names or len(names) < 2:
+    for prefix in collx_sets(groups):
+        auto_vs_best_of(prefix, rows, groups, args)
+
+
+def auto_vs_best_of(prefix, rows, groups, args):
+    names = [g for g, _ in groups if g.startswith(prefix + "/")]
+    auto = prefix + "/auto"
+    if auto not in names or len(names) < 2:
         return
     rank = dist.get_rank()
     group_of = dict(groups)
-    backend = group_of["collx/auto"]._get_backend(torch.device("cpu"))
+    backend = group_of[auto]._get_backend(torch.device("cpu"))
     if rank == 0:
-        print(f"# auto against the best forced algorithm, {args.rounds} interleaved rounds; {backend.tuning}")
+        print(f"# {prefix}: auto against the best forced algorithm, {args.rounds} interleaved rounds; "
+              f"{backend.tuning}")
         print(f"#   {'size(B)':>10s}  {'auto ran':<8s} {'best':<8s} {'auto/best':>9s} {'choice/best':>11s}")
     worst = [0.0, 0.0]
     for size in sorted({r["bytes"] for r in rows}):
@@ -212,13 +273,15 @@ def auto_vs_best(rows, groups, args):
                 ts = run_ops(group_of[g], buf, k)
                 per_round[g].append((ts[-1] - ts[0]) / k)
         med = dict(zip(names, agreed_max(*[statistics.median(per_round[g]) for g in names])))
-        forced = [g for g in names if g != "collx/auto"]
+        forced = [g for g in names if g != auto]
         best = min(forced, key=med.get)
-        chose = "collx/" + backend.choose_allreduce(size)
-        ratios = [med["collx/auto"] / med[best], med.get(chose, med["collx/auto"]) / med[best]]
+        chose = f"{prefix}/{backend.choose_allreduce(size)}"
+        ratios = [med[auto] / med[best], med.get(chose, med[auto]) / med[best]]
         worst = [max(w, r) for w, r in zip(worst, ratios)]
         if rank == 0:
-            print(f"#   {size:>10d}  {chose[6:]:<8s} {best[6:]:<8s} {ratios[0]:>9.2f} {ratios[1]:>11.2f}", flush=True)
+            cut = len(prefix) + 1
+            print(f"#   {size:>10d}  {chose[cut:]:<8s} {best[cut:]:<8s} {ratios[0]:>9.2f} {ratios[1]:>11.2f}",
+                  flush=True)
     if rank == 0:
         print(f"# worst over sizes: auto/best {worst[0]:.2f}, choice/best {worst[1]:.2f}", flush=True)
 
@@ -271,6 +334,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="gloo,collx", help="comma list of gloo,collx")
     p.add_argument("--algos", default="ring,tree,star,direct,auto", help="collx algorithms, timed in this order")
+    p.add_argument("--transports", default="auto",
+                   help="comma list of collx transports (auto,tcp,shm); with several, each gets its own "
+                        "set of groups, named by transport, and a shm-vs-tcp summary")
     p.add_argument("--sizes", help="comma list of byte sizes, K/M/G suffixes ok "
                    "(default: powers of 4 from 4 B)")
     p.add_argument("--max-size", default="64M", help="largest size (default 64M)")
@@ -291,6 +357,7 @@ def main():
         torch.cuda.set_device(0)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     args.algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     unknown = set(args.backends) - {"gloo", "collx"}
     if unknown:
         p.error(f"unknown backend(s) {sorted(unknown)}")
@@ -298,19 +365,24 @@ def main():
 
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
-    rtt_us = limit = None
+    rtt_us = limit = copy_gbps = None
     if rank == 0 and not args.no_loopback:  # other ranks sleep in the barrier below
         rtt_us = loopback_half_rtt_us()
         limit = loopback_two_streams_gbps(total=args.loopback_mb << 20)
+        copy_gbps = memcpy_gbps()
     dist.barrier()
     groups = make_groups(args)
+    floor = one_rank_floor_us(args) if "collx" in args.backends else None
 
     if rank == 0:
         print(f"# all_reduce benchmark  world_size={n}  torch={torch.__version__}  "
               f"dtype=float32 device={args.device}  cpus={os.cpu_count()}  groups={[g for g, _ in groups]}")
         if limit is not None:
             print(f"# loopback: 4-byte ping-pong half-RTT {rtt_us:.1f} us; two opposite TCP "
-                  f"streams {limit:.3f} GB/s per direction")
+                  f"streams {limit:.3f} GB/s per direction; one core's memcpy {copy_gbps:.2f} GB/s")
+        if floor is not None:
+            print(f"# per-call floor: a 4-byte all_reduce on a one-rank group takes {floor[0]:.1f} us on collx, "
+                  f"{floor[1]:.1f} us on gloo (no communication: dispatch, Work, completion)")
         print("# time = mean per op (max over ranks), p50 = median op; busbw = algbw*2(n-1)/n;"
               " vs_gloo = time/gloo_time (lower is better); busbw_x = busbw/gloo_busbw;"
               " %2str = busbw/two-stream limit")
@@ -332,6 +404,8 @@ def main():
                 print(fmt_row(r), flush=True)
 
     auto_vs_best(rows, groups, args)
+    if rank == 0:
+        shm_vs_tcp(rows)
     if rank == 0:
         for size in sorted({r["bytes"] for r in rows})[-2:] if limit else []:
             print(f"# busbw / loopback two-stream limit ({limit:.3f} GB/s/dir) at {size} B: "

@@ -4,7 +4,8 @@ raise DistBackendError naming the op, their rank and the peer: a dead peer
 within 5 s (the group timeout is 60 s, so it is not the timeout that fires), a
 stalled one at the per-op timeout, else at the group timeout. A later op on
 the broken group fails at once with the same cause; destroy_process_group
-still works. The victim is in the launcher's ``may_die``.
+still works. The victim is in the launcher's ``may_die``. Each runs over shared
+memory and over TCP; a killed rank leaves nothing in /dev/shm.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ torchcollx = pytest.importorskip("torchcollx")
 from launcher import Died, run_ranks  # noqa: E402
 
 BIG = 16 << 20  # float32 elements: 64 MB
+TRANSPORTS = ["shm", "tcp"]  # the ranks share a host: rings, or forced sockets
 GROUP_TIMEOUT = 60.0
 
 
@@ -74,12 +76,15 @@ def _dead_peer(rank, ws, victim, when, stamp):
             "destroy_took": destroy_took, "initialized": dist.is_initialized()}
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("when", ["before", "during"])
 @pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
-def test_dead_peer_fails_every_survivor_fast(ws, when, tmp_path):
+def test_dead_peer_fails_every_survivor_fast(ws, when, transport, tmp_path):
     victim = 1
+    dev_shm = set(os.listdir("/dev/shm"))
     res = run_ranks(_dead_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
-                    args=(victim, when, str(tmp_path / "killed_at")))
+                    args=(victim, when, str(tmp_path / "killed_at")), env={"COLLX_TRANSPORT": transport})
+    assert set(os.listdir("/dev/shm")) == dev_shm, "a killed rank left something in /dev/shm"
     assert isinstance(res[victim], Died) and "SIGKILL" in res[victim], res[victim]
     for rank, r in enumerate(res):
         if rank == victim:
@@ -131,11 +136,13 @@ def _stalled_peer(rank, ws, victim, op_timeout, group_timeout):
     return {"per_op": per_op, "group": grp}
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("ws", [3], ids=lambda ws: f"ws{ws}")
-def test_stalled_peer_times_out_naming_it(ws):
+def test_stalled_peer_times_out_naming_it(ws, transport):
     victim, op_timeout, group_timeout = ws - 1, 2.0, 3.0
     res = run_ranks(_stalled_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
-                    args=(victim, op_timeout, group_timeout), pg_options=torchcollx.Options(algorithm="direct"))
+                    args=(victim, op_timeout, group_timeout),
+                    pg_options=torchcollx.Options(algorithm="direct", transport=transport))
     assert isinstance(res[victim], Died), f"the stopped rank ended as {res[victim]!r}"
     for rank, r in enumerate(res):
         if rank == victim:

@@ -37,6 +37,7 @@ def _create_backend(dist_options, pg_options):
         opts.segment_bytes,
         opts.socket_ifname,
         opts.socket_family,
+        opts.transport,
     )
 
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 ALGORITHMS = ("auto", "ring", "tree", "star", "direct", "hier")
+TRANSPORTS = ("auto", "tcp", "shm")
 
 _DEFAULTS = {"algorithm": "auto", "tree_arity": 2, "segment_bytes": 512 * 1024, "socket_ifname": "",
-             "socket_family": ""}
+             "socket_family": "", "transport": "auto"}
 SOCKET_FAMILIES = ("AF_INET", "AF_INET6")
 
 
@@ -20,7 +21,10 @@ class Options:
     else the default: ``algorithm="auto"``, ``tree_arity=2``,
     ``segment_bytes=512 KiB``, ``socket_ifname=""`` (the hostname's address),
     ``socket_family=""`` (either; ``"AF_INET"`` or ``"AF_INET6"`` restricts the
-    address collx listens on, like ``NCCL_SOCKET_FAMILY``).
+    address collx listens on, like ``NCCL_SOCKET_FAMILY``),
+    ``transport="auto"`` (ranks on one host exchange through shared memory
+    where they can, the others through TCP; ``"tcp"`` never uses shared
+    memory, ``"shm"`` requires it between ranks on one host).
     """
 
     algorithm: Optional[str] = None
@@ -28,15 +32,17 @@ class Options:
     segment_bytes: Optional[int] = None
     socket_ifname: Optional[str] = None
     socket_family: Optional[str] = None
+    transport: Optional[str] = None
 
     def resolved(self) -> "Options":
         """Fills every field from env or default, validating each value."""
         return Options(
-            algorithm=_algorithm(self.algorithm, "algorithm"),
+            algorithm=_choice(self.algorithm, "algorithm", ALGORITHMS),
             tree_arity=_positive_int(self.tree_arity, "tree_arity", minimum=1),
             segment_bytes=_positive_int(self.segment_bytes, "segment_bytes", minimum=64),
             socket_ifname=_ifname(self.socket_ifname),
             socket_family=_family(self.socket_family),
+            transport=_choice(self.transport, "transport", TRANSPORTS),
         )
 
 
@@ -45,14 +51,14 @@ def _env(field: str) -> tuple[Optional[str], str]:
     return os.environ.get(var), var
 
 
-def _algorithm(value, field):
+def _choice(value, field, choices):
     source = f"Options.{field}"
     if value is None:
         value, source = _env(field)
         if value is None:
             return _DEFAULTS[field]
-    if value not in ALGORITHMS:
-        raise ValueError(f"collx: {source}={value!r} is not one of {', '.join(ALGORITHMS)}")
+    if value not in choices:
+        raise ValueError(f"collx: {source}={value!r} is not one of {', '.join(choices)}")
     return value
 
 

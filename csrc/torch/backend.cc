@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -16,6 +17,13 @@
 namespace collx::torch_glue {
 
 namespace {
+// Falling back from shared memory to TCP costs speed, not correctness: one
+// line per process, whatever COLLX_DEBUG says.
+void warnShmOnce(int rank, int size, const std::string& note) {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) logLine(LogLevel::kWarn, rank, size, note);
+}
+
 std::string millis(double ms) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3f", ms);
@@ -29,9 +37,10 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
       config_(std::move(config)),
       timeout_(timeout) {
   StoreAdapter adapter(store);
-  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout};
+  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout, config_.transport};
   const auto start = Clock::now();
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
+  if (device_->shmUnavailable()) warnShmOnce(rank, size, device_->transportNote());
   tune();
   if (logs(LogLevel::kInfo)) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -39,7 +48,8 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
     const auto local = std::count(h.begin(), h.end(), h[rank]);
     log(LogLevel::kInfo,
         collx::str("mesh of ", size, " ranks ready in ", millis(ms), " ms, listening on ", device_->address(), "; ",
-                   device_->hostCount(), " host(s), ", local, " rank(s) on this one; algorithm ",
+                   device_->hostCount(), " host(s), ", local, " rank(s) on this one",
+                   device_->transportNote().empty() ? "" : "; ", device_->transportNote(), "; algorithm ",
                    name(config_.algorithm), ", tree arity ", config_.treeArity, ", segment ", config_.segmentBytes,
                    " B, device reductions ",
                    config_.deviceReduceMinBytes == SIZE_MAX ? std::string("off")
@@ -58,7 +68,8 @@ void CollxBackend::tune() {
     for (int h : hosts()) layout += collx::str(h, ",");
     policy.cacheKey = collx::str("collx tuning v1; host ", host, "; ", size_, " ranks on hosts ", layout,
                                  " interface '", config_.ifname, "' family ", config_.family, "; segment ",
-                                 config_.segmentBytes, " B, tree arity ", config_.treeArity);
+                                 config_.segmentBytes, " B, tree arity ", config_.treeArity, "; ",
+                                 device_->transportNote());
   }
   Collective c{*device_, OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + timeout_, config_.segmentBytes,
                config_.treeArity, workspace_};

@@ -29,6 +29,7 @@ struct Config {
   size_t segmentBytes = 512 << 10;
   std::string ifname;
   int family = AF_UNSPEC;
+  shm::Mode transport = shm::Mode::kAuto;  // COLLX_TRANSPORT (core/transport/shm/links.h)
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
   size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
   size_t stagingChunkBytes = kPipelineChunkBytes;       // COLLX_STAGING_CHUNK_BYTES (staging.h)
@@ -130,6 +131,7 @@ class CollxBackend : public c10d::Backend {
   void shutdown() override;
 
   Stats stats() const;
+  const std::string& transportNote() const { return device_->transportNote(); }
   const Config& config() const { return config_; }
   // Host index of every rank, from the addresses the ranks published
   // (rendezvous.h), and what "auto" runs for an all-reduce of `bytes` here.

@@ -66,11 +66,12 @@ collx::TuningPolicy tuningPolicy() {
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                 int size, double timeoutSeconds, const std::string& algorithm,
                                                 int treeArity, int64_t segmentBytes, const std::string& ifname,
-                                                const std::string& family) {
+                                                const std::string& family, const std::string& transport) {
   collx::torch_glue::Config config;
   try {
     config.algorithm = collx::parseAlgorithm(algorithm.c_str());
     config.family = collx::tcp::parseFamily(family);
+    config.transport = collx::shm::parseMode(transport);
   } catch (const collx::Error& e) {
     throw py::value_error(e.what());
   }
@@ -142,6 +143,9 @@ PYBIND11_MODULE(_C, m) {
           "choose_allreduce", [](const CollxBackend& b, size_t nbytes) { return std::string(collx::name(b.autoAllreduce(nbytes))); },
           py::arg("nbytes"), "The algorithm 'auto' runs for an all-reduce of nbytes on this group (hosts, then the cost model).")
       .def_property_readonly("algorithm", [](const CollxBackend& b) { return collx::name(b.config().algorithm); })
+      .def_property_readonly(
+          "transport", [](const CollxBackend& b) { return b.transportNote(); },
+          "How this rank reaches its peers on the same host: shared memory (with the ring size) or why not.")
       .def_property_readonly("tree_arity", [](const CollxBackend& b) { return b.config().treeArity; })
       .def_property_readonly("segment_bytes", [](const CollxBackend& b) { return b.config().segmentBytes; })
       .def(
@@ -161,7 +165,7 @@ PYBIND11_MODULE(_C, m) {
       });
   m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
-        py::arg("ifname"), py::arg("family") = "");
+        py::arg("ifname"), py::arg("family") = "", py::arg("transport") = "auto");
   m.def(
       "choose_allreduce",
       [](int worldSize, int treeArity, size_t nbytes, int hosts) {

@@ -1,5 +1,7 @@
-// A group of N ranks in one process: TCP Devices over loopback, set up
-// through an in-memory Store by N threads (the C++ tests' world).
+// A group of N ranks in one process: Devices over loopback, set up through
+// an in-memory Store by N threads (the C++ tests' world). All ranks share a
+// host, so by default they talk through shared-memory rings; pass
+// transport = shm::Mode::kTcp for sockets.
 #pragma once
 
 #include <memory>
@@ -14,8 +16,8 @@ namespace collx::test {
 struct Group {
   MemoryStore store;
   std::vector<std::unique_ptr<tcp::Device>> devices;
-  explicit Group(int size) : devices(size) {
-    runRanks(size, [&](int r) { devices[r] = std::make_unique<tcp::Device>(store, r, size, tcp::DeviceOptions{}); });
+  explicit Group(int size, tcp::DeviceOptions options = {}) : devices(size) {
+    runRanks(size, [&](int r) { devices[r] = std::make_unique<tcp::Device>(store, r, size, options); });
   }
 };
 

@@ -1,5 +1,5 @@
-// Core collectives over real loopback TCP: N threads, one Device each, an
-// in-memory store. Sweeps world size 1..8, awkward counts, every algorithm,
+// Core collectives over shared memory and over real loopback TCP: N threads,
+// one Device each, an in-memory store. Sweeps world size 1..8, awkward counts, every algorithm,
 // segment sizes small enough to force deep pipelining, and checks each result
 // against values computed from every rank's deterministic input.
 #include <cstring>
@@ -145,8 +145,10 @@ void testAllToAll(Group& g, uint64_t& seq, size_t scale) {
   });
 }
 
-void testMismatchIsReported() {
-  Group g(2);
+void testMismatchIsReported(shm::Mode transport) {
+  tcp::DeviceOptions options;
+  options.transport = transport;
+  Group g(2, options);
   std::string errors[2];
   auto start = Clock::now();
   test::runRanks(2, [&](int r) {
@@ -168,8 +170,10 @@ void testMismatchIsReported() {
   CHECK(Clock::now() - start < std::chrono::seconds(1), "rank 1 failed only at its deadline");
 }
 
-void testTimeoutNamesPeer() {
-  Group g(2);
+void testTimeoutNamesPeer(shm::Mode transport) {
+  tcp::DeviceOptions options;
+  options.transport = transport;
+  Group g(2, options);
   std::vector<float> buf(4);
   auto c = make(*g.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1, 1 << 20, 2);
   c.deadline = Clock::now() + std::chrono::milliseconds(200);
@@ -190,34 +194,41 @@ void testTimeoutNamesPeer() {
   CHECK(sticky, "later ops must fail with the first error");
 }
 
+// Every collective at world size n over one transport.
+void sweep(int n, shm::Mode transport) {
+  const size_t counts[] = {0, 1, 7, 1000, 100003, size_t(1) << 20};
+  tcp::DeviceOptions options;
+  options.transport = transport;
+  Group g(n, options);
+  uint64_t seq = 0;
+  for (size_t count : counts) {
+    for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar, Algorithm::kDirect,
+                           Algorithm::kHierarchical, Algorithm::kAuto}) {
+      testAllreduce(g, seq, algo, count, 512 << 10, 2);
+      if (count <= 100003) testAllreduce(g, seq, algo, count, 4096, 3);  // deep pipelining
+    }
+    testMaxInt64(g, seq, Algorithm::kRing, std::min<size_t>(count, 5000));
+    testMaxInt64(g, seq, Algorithm::kTree, std::min<size_t>(count, 5000));
+    for (int root = 0; root < n; ++root) testBroadcast(g, seq, std::min<size_t>(count, 30001), root, 1024, 2);
+    testAllgather(g, seq, std::min<size_t>(count, 50001), 4096);
+    testReduceScatter(g, seq, std::min<size_t>(count, 30001), 4096);
+    for (int root = 0; root < n; ++root) testReduce(g, seq, std::min<size_t>(count, 30001), root, 1024);
+    if (count == counts[5]) for (int root = 0; root < n; ++root) testReduce(g, seq, count, root, 1 << 16);
+  }
+  testAllgather(g, seq, 300000, 64 << 10);  // large blocks take the ring
+  testAllToAll(g, seq, 1);
+  testAllToAll(g, seq, 100003);
+  std::printf("collectives: world size %d over %s ok\n", n, shm::name(transport));
+}
+
 }  // namespace
 
 int main() {
-  const size_t counts[] = {0, 1, 7, 1000, 100003, size_t(1) << 20};
-  for (int n = 1; n <= 8; ++n) {
-    Group g(n);
-    uint64_t seq = 0;
-    for (size_t count : counts) {
-      for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar, Algorithm::kDirect,
-                             Algorithm::kHierarchical, Algorithm::kAuto}) {
-        testAllreduce(g, seq, algo, count, 512 << 10, 2);
-        if (count <= 100003) testAllreduce(g, seq, algo, count, 4096, 3);  // deep pipelining
-      }
-      testMaxInt64(g, seq, Algorithm::kRing, std::min<size_t>(count, 5000));
-      testMaxInt64(g, seq, Algorithm::kTree, std::min<size_t>(count, 5000));
-      for (int root = 0; root < n; ++root) testBroadcast(g, seq, std::min<size_t>(count, 30001), root, 1024, 2);
-      testAllgather(g, seq, std::min<size_t>(count, 50001), 4096);
-      testReduceScatter(g, seq, std::min<size_t>(count, 30001), 4096);
-      for (int root = 0; root < n; ++root) testReduce(g, seq, std::min<size_t>(count, 30001), root, 1024);
-      if (count == counts[5]) for (int root = 0; root < n; ++root) testReduce(g, seq, count, root, 1 << 16);
-    }
-    testAllgather(g, seq, 300000, 64 << 10);  // large blocks take the ring
-    testAllToAll(g, seq, 1);
-    testAllToAll(g, seq, 100003);
-    std::printf("collectives: world size %d ok\n", n);
+  for (shm::Mode transport : {shm::Mode::kShm, shm::Mode::kTcp}) {
+    for (int n = 1; n <= 8; ++n) sweep(n, transport);
+    testMismatchIsReported(transport);
+    testTimeoutNamesPeer(transport);
+    std::printf("collectives: mismatch and timeout over %s ok\n", shm::name(transport));
   }
-  testMismatchIsReported();
-  testTimeoutNamesPeer();
-  std::printf("collectives: mismatch and timeout ok\n");
   return 0;
 }

@@ -32,9 +32,16 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
   Mesh mesh = connectMesh(store, rank, size, options.ifname, options.family, options.timeout);
   hosts_ = mesh.hosts;
   address_ = mesh.address;
+  std::vector<int> fds;
+  for (const Socket& s : mesh.sockets[kCollectives]) fds.push_back(s.fd());
+  shm::LocalLinks local = shm::connectLocal(store, mesh.prefix, mesh.token, rank, hosts_, fds, options.transport,
+                                            Clock::now() + options.timeout);
+  transportNote_ = local.note;
+  shmUnavailable_ = local.unavailable;
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) {
-      pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[kCollectives][peer]), &cancelled_);
+      pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[kCollectives][peer]), &cancelled_,
+                                            std::move(local.links[size_t(peer)]));
     }
   }
   p2p_ = std::make_shared<P2PEngine>(rank, std::move(mesh.sockets[kPointToPoint]));
@@ -147,6 +154,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   throwIfBroken();
   std::vector<pollfd> fds;
   std::vector<Pair*> sendOnly;  // parallel to fds: pairs watched for control frames
+  std::vector<Pair*> sleepers;  // shared-memory pairs asleep in this poll, in fds order
   size_t start = done.size();
   const Deadline spinUntil = Clock::now() + spin_;
   try {
@@ -159,22 +167,38 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
       }
       fds.clear();
       sendOnly.clear();
+      sleepers.clear();
+      bool moved = false;
       for (auto& p : pairs_) {
         if (!p) continue;
-        short ev = short((p->wantsRead() ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
         // A peer we only send to may be one that will never read (it failed
         // or cancelled this op): listen for its abort/cancel frame too.
         bool watch = p->wantsWrite() && !p->wantsRead() && !p->hasBufferedHeader();
-        if (watch) ev |= POLLIN;
-        if (ev) {
-          fds.push_back({p->fd(), ev, 0});
-          sendOnly.push_back(watch ? p.get() : nullptr);
+        short ev = short((p->wantsRead() || watch ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
+        if (!ev) continue;
+        if (p->usesShm()) {
+          // The rings' doorbell and the peer's end both arrive as POLLIN.
+          if (!p->prepareSleep(ev & POLLIN)) {
+            moved = true;
+            break;
+          }
+          ev = POLLIN;
+          sleepers.push_back(p.get());
         }
+        fds.push_back({p->fd(), ev, 0});
+        sendOnly.push_back(watch ? p.get() : nullptr);
+      }
+      if (moved) {
+        for (Pair* p : sleepers) p->afterSleep(0);
+        continue;
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) timeout();
       int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
       if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
+      for (size_t i = 0, j = 0; i < fds.size() && j < sleepers.size(); ++i) {
+        if (fds[i].fd == sleepers[j]->fd()) sleepers[j++]->afterSleep(rc > 0 ? fds[i].revents : 0);
+      }
       if (rc == 0 && Clock::now() >= deadline) timeout();
       for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
         if (sendOnly[i] && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) sendOnly[i]->checkControl();

@@ -1,5 +1,6 @@
-// The TCP transport of one group: a full mesh of Pairs, set up through the
-// Store, and the poll loop that drives them (the progress engine). Progress
+// The transport of one group: a full mesh of Pairs, set up through the Store,
+// and the poll loop that drives them (the progress engine). Pairs on one host
+// move their bytes through shared-memory rings; the rest through TCP. Progress
 // runs in the thread that waits, so a collective costs no thread handoffs.
 // Point-to-point ops have connections and a progress thread of their own
 // (p2p()), so they never queue behind the collectives nor hold them back.
@@ -22,6 +23,7 @@ struct DeviceOptions {
   std::string ifname;  // COLLX_SOCKET_IFNAME syntax; empty: hostname address
   int family = AF_UNSPEC;  // COLLX_SOCKET_FAMILY: AF_INET, AF_INET6 or either
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  shm::Mode transport = shm::Mode::kAuto;  // COLLX_TRANSPORT: rings for peers on this host
 };
 
 class Device : public Transport {
@@ -36,6 +38,10 @@ class Device : public Transport {
   int hostCount() const override { return hostCount_; }
   // The "host:port" this rank listened on during setup (for logs).
   const std::string& address() const { return address_; }
+  // What the shared-memory setup did, for the log; and whether some local
+  // pair wanted it but fell back to TCP (worth a warning).
+  const std::string& transportNote() const { return transportNote_; }
+  bool shmUnavailable() const { return shmUnavailable_; }
   void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                 uint64_t cookie) override;
   void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
@@ -74,6 +80,8 @@ class Device : public Transport {
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)
   int hostCount_ = 1;
   std::string address_;                       // published "host:port"
+  std::string transportNote_;
+  bool shmUnavailable_ = false;
   size_t pending_ = 0;
   std::chrono::microseconds spin_{0};  // busy-poll budget per waitSome
   bool yield_ = false;                 // yield the core between busy polls

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "../../error.h"
 
@@ -25,10 +26,68 @@ std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, ui
 }
 }  // namespace
 
-Pair::Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled)
-    : rank_(rank), peer_(peer), socket_(std::move(socket)), cancelled_(cancelled), rx_(kRxBufferBytes) {
+Pair::Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled, std::unique_ptr<shm::Link> shm)
+    : rank_(rank),
+      peer_(peer),
+      socket_(std::move(socket)),
+      shm_(std::move(shm)),
+      cancelled_(cancelled),
+      rx_(kRxBufferBytes) {
   socket_.setNoDelay();
   socket_.setNonBlocking(true);
+}
+
+void Pair::ringDoorbell() {
+  const char bell = 0;
+  ssize_t rc = ::send(socket_.fd(), &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)rc;  // a full socket already holds a bell; a closed one is seen by the reader
+}
+
+ssize_t Pair::sendv(const iovec* iov, int n) {
+  if (!shm_) {
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = size_t(n);
+    return ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  bool wake = false;
+  const size_t wrote = shm_->out.write(iov, n, wake);
+  if (wake) ringDoorbell();
+  if (wrote > 0) return ssize_t(wrote);
+  errno = EAGAIN;  // a dead peer is seen through the socket, while waiting
+  return -1;
+}
+
+ssize_t Pair::recvSome(void* data, size_t bytes) {
+  if (!shm_) return ::recv(socket_.fd(), data, bytes, MSG_DONTWAIT);
+  bool wake = false;
+  const size_t got = shm_->in.read(data, bytes, wake);
+  if (wake) ringDoorbell();
+  if (got > 0 || peerClosed_) return ssize_t(got);
+  errno = EAGAIN;
+  return -1;
+}
+
+bool Pair::prepareSleep(bool read) {
+  if (read && !shm_->in.sleepAsReader()) return false;
+  if (!sends_.empty() && !shm_->out.sleepAsWriter()) {
+    shm_->in.wakeReader();
+    return false;
+  }
+  return true;
+}
+
+void Pair::afterSleep(short revents) {
+  shm_->in.wakeReader();
+  shm_->out.wakeWriter();
+  if (!(revents & (POLLIN | POLLHUP | POLLERR))) return;
+  char bells[64];
+  for (;;) {
+    ssize_t rc = ::recv(socket_.fd(), bells, sizeof(bells), MSG_DONTWAIT);
+    if (rc > 0 || (rc < 0 && errno == EINTR)) continue;
+    if (rc == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) peerClosed_ = true;
+    return;
+  }
 }
 
 void Pair::postSend(const Frame& f, const void* data, size_t bytes, uint64_t cookie) {
@@ -67,10 +126,7 @@ void Pair::progressSend(std::vector<uint64_t>& done) {
         iov[n++] = {const_cast<char*>(it->data) + payloadDone, it->bytes - payloadDone};
       }
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = n;
-    ssize_t rc = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t rc = sendv(iov, n);
     if (rc < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -105,7 +161,7 @@ bool Pair::fill(size_t want) {
     rxBegin_ = 0;
   }
   while (rxEnd_ < want) {
-    ssize_t rc = ::recv(socket_.fd(), rx_.data() + rxEnd_, rx_.size() - rxEnd_, MSG_DONTWAIT);
+    ssize_t rc = recvSome(rx_.data() + rxEnd_, rx_.size() - rxEnd_);
     if (rc > 0) {
       rxEnd_ += size_t(rc);
     } else if (rc == 0) {
@@ -130,16 +186,18 @@ bool Pair::finishPartialSend(Deadline deadline) {
     }
     size_t payloadDone = op.done > sizeof(FrameHeader) ? op.done - sizeof(FrameHeader) : 0;
     if (payloadDone < op.bytes) iov[n++] = {const_cast<char*>(op.data) + payloadDone, op.bytes - payloadDone};
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = n;
-    ssize_t rc = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t rc = sendv(iov, n);
     if (rc > 0) {
       op.done += size_t(rc);
     } else if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (ms <= 0) return false;
       pollfd p{socket_.fd(), POLLOUT, 0};
-      if (ms <= 0 || ::poll(&p, 1, int(ms)) <= 0) return false;
+      if (shm_) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));  // a reader drains the ring without a bell
+      } else if (::poll(&p, 1, int(ms)) <= 0) {
+        return false;
+      }
     } else if (!(rc < 0 && errno == EINTR)) {
       return false;
     }
@@ -158,7 +216,10 @@ void Pair::sendAbort(const std::string& reason, Deadline deadline) {
   h.bytes = why.size();
   std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
   frame += why;
-  ssize_t rc = ::send(socket_.fd(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  // A ring takes the frame whole or not at all: half a frame would read as garbage.
+  if (shm_ && shm_->out.writable() < frame.size()) return;
+  iovec iov{frame.data(), frame.size()};
+  ssize_t rc = sendv(&iov, 1);
   (void)rc;  // the connection closes next either way
 }
 
@@ -264,7 +325,7 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
         if (!fill(1)) return;
         continue;
       }
-      ssize_t rc = ::recv(socket_.fd(), op.data + op.got, left, MSG_DONTWAIT);
+      ssize_t rc = recvSome(op.data + op.got, left);
       if (rc > 0) {
         op.got += size_t(rc);
         bytesReceived_ += size_t(rc);

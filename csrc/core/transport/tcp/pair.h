@@ -1,13 +1,21 @@
-// One TCP connection to one peer, as a non-blocking state machine: a queue of
+// One connection to one peer, as a non-blocking state machine: a queue of
 // sends (header + payload, batched into sendmsg) and a queue of receives that
 // match arriving frames in order. The Device's poll loop drives it.
+//
+// The byte stream is the TCP socket, or, for a peer on the same host, a pair
+// of shared-memory rings (shm/links.h); then the socket only carries the
+// doorbell of a sleeping side and tells of the peer's death by closing.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <deque>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "../shm/links.h"
 #include "socket.h"
 #include "wire.h"
 
@@ -17,12 +25,24 @@ class Pair {
  public:
   // `cancelled`: the collectives this rank cancelled (owned by the Device);
   // a peer's cancel frame for one of them is skipped, any other fails the op.
-  Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled);
+  // `shm`: the rings to a peer on this host, or null for TCP.
+  Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled,
+       std::unique_ptr<shm::Link> shm = nullptr);
 
   int fd() const { return socket_.fd(); }
   int peer() const { return peer_; }
   bool wantsWrite() const { return !sends_.empty(); }
   bool wantsRead() const { return !recvs_.empty(); }
+  bool usesShm() const { return shm_ != nullptr; }
+
+  // Shared memory only. Before the Device sleeps in poll(): tells the peer to
+  // ring the doorbell when it moves; false if it already has (do not sleep).
+  // `read`: also for bytes arriving (a pair waiting only to send still
+  // listens for an abort or cancel frame).
+  bool prepareSleep(bool read);
+  // After poll(): takes the flags back and drains the doorbell; a closed
+  // socket marks the peer gone, reported once its ring is drained.
+  void afterSleep(short revents);
 
   void postSend(const Frame& frame, const void* data, size_t bytes, uint64_t cookie);
   void postRecv(const Frame& frame, void* data, size_t bytes, uint64_t cookie);
@@ -85,10 +105,17 @@ class Pair {
   [[noreturn]] void fail(const std::string& what, int err) const;
   // Sends the rest of the half-sent front message; false if not by `deadline`.
   bool finishPartialSend(Deadline deadline);
+  // The stream: the socket, or the rings. Same contract as sendmsg/recv with
+  // MSG_DONTWAIT: bytes moved, 0 at the peer's end (recv), -1 with errno.
+  ssize_t sendv(const iovec* iov, int n);
+  ssize_t recvSome(void* data, size_t bytes);
+  void ringDoorbell();
 
   int rank_;
   int peer_;
   Socket socket_;
+  std::unique_ptr<shm::Link> shm_;
+  bool peerClosed_ = false;  // shared memory: the socket reached its end
   const std::set<uint64_t>* cancelled_;
   std::deque<SendOp> sends_;
   std::deque<RecvOp> recvs_;

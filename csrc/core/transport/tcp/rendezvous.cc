@@ -112,6 +112,7 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
 
   const uint64_t generation = uint64_t(store.add("collx/generation", 1) - 1) / uint64_t(size);
   const std::string prefix = str("collx/", generation, "/");
+  mesh.prefix = prefix;
 
   uint64_t token;
   if (rank == 0) {
@@ -120,6 +121,7 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
   } else {
     token = std::stoull(stringOf(store.get(prefix + "token", timeout)));
   }
+  mesh.token = token;
 
   Address self = chooseAddress(ifname, family);
   Socket listener = listenOn(self);

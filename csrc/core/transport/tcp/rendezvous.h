@@ -32,6 +32,8 @@ struct Mesh {
   std::vector<Socket> sockets[kChannels];  // per channel, one per peer; invalid at index `rank`
   std::vector<int> hosts;       // host index per rank: equal published host address, equal index
   std::string address;          // the "host:port" this rank published (empty for a group of 1)
+  std::string prefix;           // the group's Store prefix for this generation
+  uint64_t token = 0;           // the group's secret (every hello carries it)
 };
 
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,

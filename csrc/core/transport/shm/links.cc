@@ -1,0 +1,176 @@
+#include "links.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "../../error.h"
+
+namespace collx::shm {
+
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x436c5853686d3031;  // "ClXShm01"
+constexpr size_t kPage = 4096;
+constexpr size_t kMaxRingBytes = 1 << 20;
+constexpr size_t kMinRingBytes = 64 << 10;
+constexpr size_t kRingBudget = 32 << 20;  // per rank: all its inbound rings
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint64_t token;
+  int32_t owner;
+  int32_t slots;
+  uint64_t ringBytes;
+};
+
+// A slot: the ring's control block on its own page, then the data.
+size_t slotBytes(size_t ring) { return kPage + ring; }
+
+// Where writer `from` finds its ring in the segment of `owner`: its place
+// among the owner's local peers.
+int slotOf(const std::vector<int>& hosts, int owner, int from) {
+  int slot = 0;
+  for (int r = 0; r < from; ++r) slot += r != owner && hosts[r] == hosts[owner];
+  return slot;
+}
+
+Ring ringAt(const Segment& s, int slot, size_t ring) {
+  char* base = s.data() + kPage + size_t(slot) * slotBytes(ring);
+  return Ring(reinterpret_cast<RingControl*>(base), base + kPage, ring);
+}
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+// One status byte each way over the pair's socket, with the group deadline.
+bool exchangeStatus(int fd, bool mine, Deadline deadline, std::string& why) {
+  const char out = mine ? 1 : 0;
+  if (::send(fd, &out, 1, MSG_NOSIGNAL) != 1) {
+    why = str("could not tell the peer: ", strerror(errno));
+    return false;
+  }
+  char in = 0;
+  for (;;) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (ms <= 0) throw TimeoutError("Timed out waiting for a peer's shared-memory status");
+    pollfd p{fd, POLLIN, 0};
+    int rc = ::poll(&p, 1, int(std::min<int64_t>(ms, 1 << 30)));
+    if (rc < 0 && errno == EINTR) continue;
+    ssize_t got = rc > 0 ? ::recv(fd, &in, 1, 0) : 0;
+    if (got == 1) break;
+    if (rc > 0) throw Error("the peer closed its connection during shared-memory setup");
+  }
+  if (!in && mine) why = "the peer could not map this rank's segment";
+  return mine && in;
+}
+
+}  // namespace
+
+Mode parseMode(const std::string& s) {
+  if (s.empty() || s == "auto") return Mode::kAuto;
+  if (s == "tcp") return Mode::kTcp;
+  if (s == "shm") return Mode::kShm;
+  throw Error(str("COLLX_TRANSPORT must be auto, tcp or shm, not '", s, "'"));
+}
+
+const char* name(Mode mode) {
+  switch (mode) {
+    case Mode::kAuto: return "auto";
+    case Mode::kTcp: return "tcp";
+    case Mode::kShm: return "shm";
+  }
+  return "?";
+}
+
+size_t ringBytes(int localRanks) {
+  const size_t rings = size_t(std::max(1, localRanks - 1));
+  size_t ring = kMaxRingBytes;
+  while (ring > kMinRingBytes && ring * rings > kRingBudget) ring /= 2;
+  return ring;
+}
+
+LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
+                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, Deadline deadline) {
+  const int size = int(hosts.size());
+  LocalLinks result;
+  result.links.resize(size_t(size));
+  std::vector<int> peers;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank && hosts[r] == hosts[rank]) peers.push_back(r);
+  }
+  if (mode == Mode::kTcp || peers.empty()) return result;
+
+  const size_t ring = ringBytes(int(peers.size()) + 1);
+  const size_t bytes = kPage + peers.size() * slotBytes(ring);
+  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  const std::string key = prefix + "shm/";
+
+  // 1. This rank's inbound rings.
+  auto own = std::make_shared<Segment>();
+  std::string ownError;
+  try {
+    *own = Segment::create(bytes);
+    auto* h = reinterpret_cast<SegmentHeader*>(own->data());
+    *h = SegmentHeader{kSegmentMagic, token, rank, int32_t(peers.size()), ring};
+    store.set(key + std::to_string(rank), bytesOf(str(::getpid(), " ", own->fd(), " ", bytes)));
+  } catch (const Error& e) {
+    ownError = e.what();
+    store.set(key + std::to_string(rank), bytesOf("-" + ownError));
+  }
+
+  // 2. Map every local peer's segment and check it is the one it claims.
+  std::vector<std::shared_ptr<Segment>> theirs(hosts.size());
+  std::vector<std::string> why(hosts.size());
+  for (int peer : peers) {
+    const auto v = store.get(key + std::to_string(peer), timeout);
+    const std::string s(v.begin(), v.end());
+    try {
+      if (!ownError.empty()) throw Error(ownError);
+      if (!s.empty() && s[0] == '-') throw Error("the peer could not create its segment: " + s.substr(1));
+      long long pid = 0, fd = 0, len = 0;
+      COLLX_CHECK(std::sscanf(s.c_str(), "%lld %lld %lld", &pid, &fd, &len) == 3 && size_t(len) == bytes,
+                  "malformed segment address '", s, "'");
+      auto seg = std::make_shared<Segment>(Segment::attach(pid_t(pid), int(fd), bytes));
+      const auto* h = reinterpret_cast<const SegmentHeader*>(seg->data());
+      COLLX_CHECK(h->magic == kSegmentMagic && h->token == token && h->owner == peer &&
+                      h->slots == int32_t(peers.size()) && h->ringBytes == ring,
+                  "the segment at pid ", pid, " fd ", fd, " is not this group's");
+      theirs[size_t(peer)] = std::move(seg);
+    } catch (const Error& e) {
+      why[size_t(peer)] = e.what();
+    }
+  }
+
+  // 3. Agree per pair; 4. nobody needs to attach any more.
+  int linked = 0;
+  std::string failures;
+  for (int peer : peers) {
+    if (!exchangeStatus(fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, why[size_t(peer)])) {
+      failures += str(failures.empty() ? "" : "; ", "peer ", peer, ": ", why[size_t(peer)]);
+      continue;
+    }
+    auto link = std::make_unique<Link>();
+    link->in = ringAt(*own, slotOf(hosts, rank, peer), ring);
+    link->out = ringAt(*theirs[size_t(peer)], slotOf(hosts, peer, rank), ring);
+    link->inSegment = own;
+    link->outSegment = theirs[size_t(peer)];
+    result.links[size_t(peer)] = std::move(link);
+    ++linked;
+  }
+  own->closeFd();
+
+  if (!failures.empty()) {
+    result.unavailable = true;
+    result.note = str("shared memory unavailable (", failures, "); those pairs use TCP");
+    COLLX_CHECK(mode != Mode::kShm, "collx rank ", rank, ": COLLX_TRANSPORT=shm, but ", result.note);
+  } else {
+    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings");
+  }
+  return result;
+}
+
+}  // namespace collx::shm

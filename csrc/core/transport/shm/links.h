@@ -1,0 +1,56 @@
+// The shared-memory rings between this rank and each peer on its host. They
+// are set up after the TCP mesh, whose sockets stay open beside them: as the
+// doorbell of a sleeping side (ring.h) and as the sign of a dead peer (the
+// kernel closes a dead process's sockets).
+//
+//   1. each rank creates one segment that holds its inbound ring from each
+//      local peer and publishes "pid fd bytes" (or why it could not) under
+//      the group's Store prefix;
+//   2. it maps each local peer's segment and checks its header: magic, the
+//      group's secret token, owner rank and layout;
+//   3. over the pair's TCP socket it says whether step 2 worked and reads the
+//      peer's answer: a pair uses shared memory only if both sides can;
+//   4. it closes its segment's fd; from then on nobody can attach.
+//
+// Memory is bounded per group, whatever the tensor sizes: (local ranks - 1)
+// rings per rank, each of ringBytes(local ranks).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../store.h"
+#include "../transport.h"
+#include "ring.h"
+#include "segment.h"
+
+namespace collx::shm {
+
+// COLLX_TRANSPORT: auto uses shared memory between ranks on one host where
+// it can (and says why not); shm requires it there; tcp never uses it.
+enum class Mode { kAuto, kTcp, kShm };
+Mode parseMode(const std::string& name);  // throws Error naming COLLX_TRANSPORT
+const char* name(Mode mode);
+
+// Ring capacity for a group with `localRanks` ranks on one host: 1 MiB,
+// less for many local ranks so a rank's rings stay within 32 MiB.
+size_t ringBytes(int localRanks);
+
+struct Link {
+  Ring in;   // from the peer, in this rank's segment
+  Ring out;  // to the peer, in the peer's segment
+  std::shared_ptr<Segment> inSegment, outSegment;  // keep the mappings
+};
+
+struct LocalLinks {
+  std::vector<std::unique_ptr<Link>> links;  // per rank; null: TCP (other host, self, or no shm)
+  std::string note;  // one line on what was set up or why not, for the log
+  bool unavailable = false;  // some local pair could not use shared memory
+};
+
+// `fds`: the connected TCP socket per peer (blocking; -1 for self).
+LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
+                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, Deadline deadline);
+
+}  // namespace collx::shm
