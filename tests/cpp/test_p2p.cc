@@ -15,6 +15,14 @@ using namespace collx;
 
 namespace {
 
+// The transport every test below runs over; main() runs them all over both.
+shm::Mode gTransport = shm::Mode::kShm;
+tcp::DeviceOptions over() {
+  tcp::DeviceOptions o;
+  o.transport = gTransport;
+  return o;
+}
+
 using test::Group;
 using namespace std::chrono_literals;
 
@@ -68,7 +76,7 @@ float valueOf(int r, size_t i) { return float(r * 1000 + int(i % 997)); }
 // Large messages go by request and clearance, whose steps may fall to the
 // spinning waiter or to the progress thread, in any mix.
 void testRingShift(int n, size_t count) {
-  Group g(n);
+  Group g(n, over());
   test::runRanks(n, [&](int r) {
     auto& p2p = g.devices[r]->p2p();
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -90,7 +98,7 @@ void testRingShift(int n, size_t count) {
 // Rank 0 sends tag 1 then tag 2; rank 1 waits for tag 2 before it even posts
 // tag 1's receive. Also: three messages with one tag arrive in order.
 void testTags(size_t count) {
-  Group g(2);
+  Group g(2, over());
   test::runRanks(2, [&](int r) {
     auto& p2p = g.devices[r]->p2p();
     std::vector<std::vector<float>> bufs(5, std::vector<float>(count));
@@ -120,7 +128,7 @@ void testTags(size_t count) {
 
 // Every other rank sends to rank 0, which posts receives from any source.
 void testAnySource(int n, size_t count) {
-  Group g(n);
+  Group g(n, over());
   test::runRanks(n, [&](int r) {
     auto& p2p = g.devices[r]->p2p();
     if (r != 0) {
@@ -147,7 +155,7 @@ void testAnySource(int n, size_t count) {
 // A size mismatch fails the receive without writing to it (and, for a large
 // send, fails the sender with the reason); the pair stays usable.
 void testMismatch(size_t count) {
-  Group g(2);
+  Group g(2, over());
   test::runRanks(2, [&](int r) {
     auto& p2p = g.devices[r]->p2p();
     std::vector<float> buf(count, 5.0f), wrong(count + 3, -7.0f);
@@ -174,7 +182,7 @@ void testMismatch(size_t count) {
 }
 
 void testTimeoutAndClose() {
-  Group g(2);
+  Group g(2, over());
   test::runRanks(2, [&](int r) {
     auto& p2p = g.devices[r]->p2p();
     std::vector<float> buf(100000);
@@ -213,7 +221,7 @@ void testTimeoutAndClose() {
 // A message that fully arrived before its sender left is still received,
 // even when the receive is posted after the connection closed.
 void testReceiveAfterSenderLeft() {
-  Group g(2);
+  Group g(2, over());
   test::runRanks(2, [&](int r) {
     auto& p2p = g.devices[r]->p2p();
     std::vector<float> buf(10, float(r + 1));
@@ -237,7 +245,7 @@ void testReceiveAfterSenderLeft() {
 
 // A posted, unmatched receive holds back neither collectives nor sends.
 void testWithCollectives(int n) {
-  Group g(n);
+  Group g(n, over());
   test::runRanks(n, [&](int r) {
     auto& p2p = g.devices[r]->p2p();
     const int next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -261,20 +269,23 @@ void testWithCollectives(int n) {
 }  // namespace
 
 int main() {
-  for (int n : {2, 3, 4}) {
-    for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(100003), size_t(4) << 20}) testRingShift(n, count);
+  for (shm::Mode transport : {shm::Mode::kShm, shm::Mode::kTcp}) {
+    gTransport = transport;
+    for (int n : {2, 3, 4}) {
+      for (size_t count : {size_t(0), size_t(1), size_t(1000), size_t(100003), size_t(4) << 20}) testRingShift(n, count);
+    }
+    for (size_t count : {size_t(0), size_t(7), size_t(100003)}) {
+      testTags(count);
+      testMismatch(count);
+    }
+    for (int n : {2, 4}) {
+      testAnySource(n, 5);
+      testAnySource(n, 70000);
+    }
+    testTimeoutAndClose();
+    testReceiveAfterSenderLeft();
+    for (int n : {2, 3}) testWithCollectives(n);
+    std::printf("test_p2p: all passed over %s\n", shm::name(transport));
   }
-  for (size_t count : {size_t(0), size_t(7), size_t(100003)}) {
-    testTags(count);
-    testMismatch(count);
-  }
-  for (int n : {2, 4}) {
-    testAnySource(n, 5);
-    testAnySource(n, 70000);
-  }
-  testTimeoutAndClose();
-  testReceiveAfterSenderLeft();
-  for (int n : {2, 3}) testWithCollectives(n);
-  std::printf("test_p2p: all passed\n");
   return 0;
 }

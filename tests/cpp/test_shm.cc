@@ -103,8 +103,8 @@ void testSetupNotes() {
   }
   Group tcp(2, over(shm::Mode::kTcp));
   CHECK(tcp.devices[0]->transportNote().empty(), tcp.devices[0]->transportNote());
-  // 32 MiB per rank for its inbound rings: 1 MiB each up to 33 local ranks.
-  CHECK(shm::ringBytes(2) == (1 << 20) && shm::ringBytes(33) == (1 << 20) && shm::ringBytes(34) == (512 << 10),
+  // 32 MiB per rank for its inbound rings, two per local peer: 1 MiB each up to 17 local ranks.
+  CHECK(shm::ringBytes(2) == (1 << 20) && shm::ringBytes(17) == (1 << 20) && shm::ringBytes(18) == (512 << 10),
         "ring sizes");
   CHECK(shm::ringBytes(1024) == (64 << 10), "ring floor");
 }
@@ -133,6 +133,33 @@ void testPeerGoneMidOp() {
   });
   CHECK(error.find("closed by the peer") != std::string::npos, "got: ", error);
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
+}
+
+// Rank 1 rejects rank 0's frame and aborts while rank 0 still has most of a
+// large message to write into a full ring and nothing to receive: rank 0
+// must read the abort frame waiting in its inbound ring and fail with its
+// reason, at once (it once spun on that unread frame, never sleeping).
+void testAbortWhileSenderBlocked() {
+  Group g(2, over(shm::Mode::kShm));
+  std::string error;
+  auto start = Clock::now();
+  test::runRanks(2, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    std::vector<char> buf(4 << 20);
+    const Deadline deadline = Clock::now() + std::chrono::seconds(20);
+    try {
+      if (r == 0) {
+        d.postSend(1, Frame{OpKind::kAllToAll, DataType::kUInt8, 7, 0}, buf.data(), buf.size(), 1);
+      } else {
+        d.postRecv(0, Frame{OpKind::kAllToAll, DataType::kUInt8, 7, 0}, buf.data(), buf.size() - 1, 1);
+      }
+      waitAll(d, deadline);
+    } catch (const Error& e) {
+      if (r == 0) error = e.what();
+    }
+  });
+  CHECK(error.find("peer 1 failed and aborted the group") != std::string::npos, "got: ", error);
+  CHECK(Clock::now() - start < std::chrono::seconds(5), "the abort was seen only at the deadline");
 }
 
 void testAttachErrors() {
@@ -195,6 +222,7 @@ int main() {
   std::printf("shm: ring ok\n");
   testSetupNotes();
   testPeerGoneMidOp();
+  testAbortWhileSenderBlocked();
   testAttachErrors();
   testNoLeaks();
   std::printf("shm: group setup, peer gone, errors, leaks ok\n");

@@ -28,8 +28,10 @@ struct SegmentHeader {
   uint64_t ringBytes;
 };
 
-// A slot: the ring's control block on its own page, then the data.
-size_t slotBytes(size_t ring) { return kPage + ring; }
+// A slot holds a writer's two rings (collectives, p2p); a ring is its
+// control block on a page of its own, then the data.
+size_t ringStride(size_t ring) { return kPage + ring; }
+size_t slotBytes(size_t ring) { return 2 * ringStride(ring); }
 
 // Where writer `from` finds its ring in the segment of `owner`: its place
 // among the owner's local peers.
@@ -39,8 +41,8 @@ int slotOf(const std::vector<int>& hosts, int owner, int from) {
   return slot;
 }
 
-Ring ringAt(const Segment& s, int slot, size_t ring) {
-  char* base = s.data() + kPage + size_t(slot) * slotBytes(ring);
+Ring ringAt(const Segment& s, int slot, int channel, size_t ring) {
+  char* base = s.data() + kPage + size_t(slot) * slotBytes(ring) + size_t(channel) * ringStride(ring);
   return Ring(reinterpret_cast<RingControl*>(base), base + kPage, ring);
 }
 
@@ -87,7 +89,7 @@ const char* name(Mode mode) {
 }
 
 size_t ringBytes(int localRanks) {
-  const size_t rings = size_t(std::max(1, localRanks - 1));
+  const size_t rings = 2 * size_t(std::max(1, localRanks - 1));
   size_t ring = kMaxRingBytes;
   while (ring > kMinRingBytes && ring * rings > kRingBudget) ring /= 2;
   return ring;
@@ -97,7 +99,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
                         const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, Deadline deadline) {
   const int size = int(hosts.size());
   LocalLinks result;
-  result.links.resize(size_t(size));
+  result.collectives.resize(size_t(size));
+  result.p2p.resize(size_t(size));
   std::vector<int> peers;
   for (int r = 0; r < size; ++r) {
     if (r != rank && hosts[r] == hosts[rank]) peers.push_back(r);
@@ -153,12 +156,14 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
       failures += str(failures.empty() ? "" : "; ", "peer ", peer, ": ", why[size_t(peer)]);
       continue;
     }
-    auto link = std::make_unique<Link>();
-    link->in = ringAt(*own, slotOf(hosts, rank, peer), ring);
-    link->out = ringAt(*theirs[size_t(peer)], slotOf(hosts, peer, rank), ring);
-    link->inSegment = own;
-    link->outSegment = theirs[size_t(peer)];
-    result.links[size_t(peer)] = std::move(link);
+    for (int channel = 0; channel < 2; ++channel) {
+      auto link = std::make_unique<Link>();
+      link->in = ringAt(*own, slotOf(hosts, rank, peer), channel, ring);
+      link->out = ringAt(*theirs[size_t(peer)], slotOf(hosts, peer, rank), channel, ring);
+      link->inSegment = own;
+      link->outSegment = theirs[size_t(peer)];
+      (channel == 0 ? result.collectives : result.p2p)[size_t(peer)] = std::move(link);
+    }
     ++linked;
   }
   own->closeFd();

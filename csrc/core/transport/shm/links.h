@@ -12,8 +12,10 @@
 //      peer's answer: a pair uses shared memory only if both sides can;
 //   4. it closes its segment's fd; from then on nobody can attach.
 //
-// Memory is bounded per group, whatever the tensor sizes: (local ranks - 1)
-// rings per rank, each of ringBytes(local ranks).
+// Each pair has rings for both channels of the mesh: the ordered collectives
+// and point-to-point. Memory is bounded per group, whatever the tensor
+// sizes: 2 (local ranks - 1) inbound rings per rank, each of
+// ringBytes(local ranks).
 #pragma once
 
 #include <memory>
@@ -34,7 +36,7 @@ Mode parseMode(const std::string& name);  // throws Error naming COLLX_TRANSPORT
 const char* name(Mode mode);
 
 // Ring capacity for a group with `localRanks` ranks on one host: 1 MiB,
-// less for many local ranks so a rank's rings stay within 32 MiB.
+// less for many local ranks so that a rank's inbound rings stay within 32 MiB.
 size_t ringBytes(int localRanks);
 
 struct Link {
@@ -44,7 +46,8 @@ struct Link {
 };
 
 struct LocalLinks {
-  std::vector<std::unique_ptr<Link>> links;  // per rank; null: TCP (other host, self, or no shm)
+  // Per rank, for each channel; null: TCP (other host, self, or no shm).
+  std::vector<std::unique_ptr<Link>> collectives, p2p;
   std::string note;  // one line on what was set up or why not, for the log
   bool unavailable = false;  // some local pair could not use shared memory
 };

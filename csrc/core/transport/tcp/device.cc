@@ -41,10 +41,10 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) {
       pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[kCollectives][peer]), &cancelled_,
-                                            std::move(local.links[size_t(peer)]));
+                                            std::move(local.collectives[size_t(peer)]));
     }
   }
-  p2p_ = std::make_shared<P2PEngine>(rank, std::move(mesh.sockets[kPointToPoint]));
+  p2p_ = std::make_shared<P2PEngine>(rank, std::move(mesh.sockets[kPointToPoint]), std::move(local.p2p));
   // Pure busy-polling only pays while every local rank has a core of its
   // own; with more ranks than cores a waiter yields between polls instead.
   hostCount_ = hosts_.empty() ? 1 : *std::max_element(hosts_.begin(), hosts_.end()) + 1;  // dense indices
@@ -154,7 +154,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   throwIfBroken();
   std::vector<pollfd> fds;
   std::vector<Pair*> sendOnly;  // parallel to fds: pairs watched for control frames
-  std::vector<Pair*> sleepers;  // shared-memory pairs asleep in this poll, in fds order
+  std::vector<std::pair<Pair*, size_t>> sleepers;  // ring pairs asleep in this poll, and their fds index
   size_t start = done.size();
   const Deadline spinUntil = Clock::now() + spin_;
   try {
@@ -174,6 +174,12 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
         // A peer we only send to may be one that will never read (it failed
         // or cancelled this op): listen for its abort/cancel frame too.
         bool watch = p->wantsWrite() && !p->wantsRead() && !p->hasBufferedHeader();
+        if (watch && p->usesShm()) {
+          // Bytes in its ring would keep the sleep from starting (prepareSleep):
+          // look at them now, as poll() would have made us do.
+          p->checkControl();
+          watch = !p->hasBufferedHeader();
+        }
         short ev = short((p->wantsRead() || watch ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
         if (!ev) continue;
         if (p->usesShm()) {
@@ -183,22 +189,21 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
             break;
           }
           ev = POLLIN;
-          sleepers.push_back(p.get());
+          sleepers.emplace_back(p.get(), fds.size());
         }
         fds.push_back({p->fd(), ev, 0});
         sendOnly.push_back(watch ? p.get() : nullptr);
       }
       if (moved) {
-        for (Pair* p : sleepers) p->afterSleep(0);
+        for (auto& [p, i] : sleepers) p->afterSleep(0);
+        if (Clock::now() >= deadline) timeout();
         continue;
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) timeout();
       int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
       if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
-      for (size_t i = 0, j = 0; i < fds.size() && j < sleepers.size(); ++i) {
-        if (fds[i].fd == sleepers[j]->fd()) sleepers[j++]->afterSleep(rc > 0 ? fds[i].revents : 0);
-      }
+      for (auto& [p, i] : sleepers) p->afterSleep(rc > 0 ? fds[i].revents : 0);
       if (rc == 0 && Clock::now() >= deadline) timeout();
       for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
         if (sendOnly[i] && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) sendOnly[i]->checkControl();

@@ -38,10 +38,12 @@ int64_t P2PEngine::millis(const Op& op) {
       .count();
 }
 
-P2PEngine::P2PEngine(int rank, std::vector<Socket> sockets)
+P2PEngine::P2PEngine(int rank, std::vector<Socket> sockets, std::vector<std::unique_ptr<shm::Link>> rings)
     : rank_(rank), links_(sockets.size()), incoming_(sockets.size()), linkError_(sockets.size()) {
   for (size_t peer = 0; peer < sockets.size(); ++peer) {
-    if (sockets[peer].valid()) links_[peer] = std::make_unique<P2PLink>(rank, int(peer), std::move(sockets[peer]));
+    if (sockets[peer].valid()) {
+      links_[peer] = std::make_unique<P2PLink>(rank, int(peer), std::move(sockets[peer]), std::move(rings[peer]));
+    }
   }
   wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   COLLX_CHECK(wakeFd_ >= 0, "collx rank ", rank, ": eventfd failed: ", strerror(errno));

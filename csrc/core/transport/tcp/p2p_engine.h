@@ -42,7 +42,8 @@ namespace collx::tcp {
 class P2PEngine : public PointToPoint {
  public:
   // `sockets`: one connected socket per peer, invalid at `rank`.
-  P2PEngine(int rank, std::vector<Socket> sockets);
+  // `rings`: per peer, shared memory on this host or null (the socket).
+  P2PEngine(int rank, std::vector<Socket> sockets, std::vector<std::unique_ptr<shm::Link>> rings);
   ~P2PEngine() override;
 
   void postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) override;

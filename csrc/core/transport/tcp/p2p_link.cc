@@ -18,11 +18,8 @@ constexpr int kMaxIov = 64;
 constexpr const char* kClosed = "was closed by the peer (peer process exited or destroyed its group)";
 }  // namespace
 
-P2PLink::P2PLink(int rank, int peer, Socket socket)
-    : rank_(rank), peer_(peer), socket_(std::move(socket)), rx_(kRxBufferBytes) {
-  socket_.setNoDelay();
-  socket_.setNonBlocking(true);
-}
+P2PLink::P2PLink(int rank, int peer, Socket socket, std::unique_ptr<shm::Link> rings)
+    : rank_(rank), peer_(peer), stream_(std::move(socket), std::move(rings)), rx_(kRxBufferBytes) {}
 
 void P2PLink::fail(const std::string& what, int err) const {
   if (err == ECONNRESET || err == EPIPE) {
@@ -48,7 +45,7 @@ bool P2PLink::writing(uint64_t id) const {
 }
 
 void P2PLink::write(std::vector<uint64_t>& written) {
-  while (!frames_.empty() && socket_.valid()) {
+  while (!frames_.empty() && stream_.valid()) {
     iovec iov[kMaxIov];
     int n = 0;
     for (auto it = frames_.begin(); it != frames_.end() && n + 2 <= kMaxIov; ++it) {
@@ -61,10 +58,7 @@ void P2PLink::write(std::vector<uint64_t>& written) {
         iov[n++] = {const_cast<char*>(it->payload) + (off - sizeof(FrameHeader)), it->bytes - (off - sizeof(FrameHeader))};
       }
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = size_t(n);
-    ssize_t rc = ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t rc = stream_.sendv(iov, n);
     if (rc < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -91,8 +85,8 @@ bool P2PLink::fill(size_t want) {
     rxBegin_ = 0;
   }
   while (rxEnd_ < want) {
-    if (!socket_.valid()) return false;
-    ssize_t rc = ::recv(socket_.fd(), rx_.data() + rxEnd_, rx_.size() - rxEnd_, MSG_DONTWAIT);
+    if (!stream_.valid()) return false;
+    ssize_t rc = stream_.recvSome(rx_.data() + rxEnd_, rx_.size() - rxEnd_);
     if (rc > 0) {
       rxEnd_ += size_t(rc);
     } else if (rc == 0) {
@@ -124,7 +118,7 @@ size_t P2PLink::readPayload(char* dst, size_t want) {
     return take;
   }
   for (;;) {
-    ssize_t rc = ::recv(socket_.fd(), dst, want, MSG_DONTWAIT);
+    ssize_t rc = stream_.recvSome(dst, want);
     if (rc > 0) return size_t(rc);
     if (rc == 0) fail(kClosed, 0);
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;

@@ -9,17 +9,22 @@
 #include <string>
 #include <vector>
 
-#include "socket.h"
+#include "stream.h"
 #include "wire.h"
 
 namespace collx::tcp {
 
 class P2PLink {
  public:
-  P2PLink(int rank, int peer, Socket socket);
+  // `rings`: shared memory to a peer on this host, or null for the socket.
+  P2PLink(int rank, int peer, Socket socket, std::unique_ptr<shm::Link> rings);
 
-  int fd() const { return socket_.fd(); }
-  bool alive() const { return socket_.valid(); }
+  int fd() const { return stream_.fd(); }
+  bool alive() const { return stream_.valid(); }
+  // The progress thread's sleep, for rings (stream.h).
+  bool usesShm() const { return stream_.usesShm(); }
+  bool prepareSleep() { return stream_.prepareSleep(true, wantsWrite()); }
+  void afterSleep(short revents) { stream_.afterSleep(revents); }
   bool wantsWrite() const { return !frames_.empty(); }
 
   // Queues a frame; `payload` (header.bytes of it, or none if null) must stay
@@ -41,7 +46,7 @@ class P2PLink {
   size_t readPayload(char* dst, size_t want);
 
   // Closes the connection; the peer sees it closed.
-  void close() { socket_.reset(); }
+  void close() { stream_.close(); }
 
  private:
   struct Outgoing {
@@ -57,7 +62,7 @@ class P2PLink {
 
   int rank_;
   int peer_;
-  Socket socket_;
+  Stream stream_;
   std::deque<Outgoing> frames_;
   std::vector<char> rx_;
   size_t rxBegin_ = 0;

@@ -60,14 +60,32 @@ void P2PEngine::spin(const std::function<bool()>& finished, std::chrono::microse
 void P2PEngine::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   std::vector<pollfd> fds;
+  std::vector<std::pair<P2PLink*, size_t>> sleepers;  // ring links asleep in this poll, and their fds index
   while (!stopping_) {
     progress();
     expire();
     runFinished(lock);
     if (stopping_) break;
     fds.assign(1, pollfd{wakeFd_, POLLIN, 0});
+    sleepers.clear();
+    bool moved = false;
     for (auto& l : links_) {
-      if (l && l->alive()) fds.push_back({l->fd(), short(POLLIN | (l->wantsWrite() ? POLLOUT : 0)), 0});
+      if (!l || !l->alive()) continue;
+      if (l->usesShm()) {
+        // The rings' doorbell and the peer's end both arrive as POLLIN.
+        if (!l->prepareSleep()) {
+          moved = true;
+          break;
+        }
+        sleepers.emplace_back(l.get(), fds.size());
+        fds.push_back({l->fd(), POLLIN, 0});
+      } else {
+        fds.push_back({l->fd(), short(POLLIN | (l->wantsWrite() ? POLLOUT : 0)), 0});
+      }
+    }
+    if (moved) {  // a peer moved since progress(): go round again
+      for (auto& [l, i] : sleepers) l->afterSleep(0);
+      continue;
     }
     wakeAt_ = nextDeadline();
     int64_t ms = -1;
@@ -75,13 +93,14 @@ void P2PEngine::loop() {
       ms = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(wakeAt_ - Clock::now()).count() + 1);
     }
     lock.unlock();
-    ::poll(fds.data(), fds.size(), int(std::min<int64_t>(ms, 1 << 30)));
+    const int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(ms, 1 << 30)));
     if (fds[0].revents) {
       uint64_t n;
-      ssize_t rc = ::read(wakeFd_, &n, sizeof(n));
-      (void)rc;
+      ssize_t got = ::read(wakeFd_, &n, sizeof(n));
+      (void)got;
     }
     lock.lock();
+    for (auto& [l, i] : sleepers) l->afterSleep(rc > 0 ? fds[i].revents : 0);
   }
 }
 

@@ -29,66 +29,9 @@ std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, ui
 Pair::Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled, std::unique_ptr<shm::Link> shm)
     : rank_(rank),
       peer_(peer),
-      socket_(std::move(socket)),
-      shm_(std::move(shm)),
+      stream_(std::move(socket), std::move(shm)),
       cancelled_(cancelled),
-      rx_(kRxBufferBytes) {
-  socket_.setNoDelay();
-  socket_.setNonBlocking(true);
-}
-
-void Pair::ringDoorbell() {
-  const char bell = 0;
-  ssize_t rc = ::send(socket_.fd(), &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-  (void)rc;  // a full socket already holds a bell; a closed one is seen by the reader
-}
-
-ssize_t Pair::sendv(const iovec* iov, int n) {
-  if (!shm_) {
-    msghdr msg{};
-    msg.msg_iov = const_cast<iovec*>(iov);
-    msg.msg_iovlen = size_t(n);
-    return ::sendmsg(socket_.fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
-  bool wake = false;
-  const size_t wrote = shm_->out.write(iov, n, wake);
-  if (wake) ringDoorbell();
-  if (wrote > 0) return ssize_t(wrote);
-  errno = EAGAIN;  // a dead peer is seen through the socket, while waiting
-  return -1;
-}
-
-ssize_t Pair::recvSome(void* data, size_t bytes) {
-  if (!shm_) return ::recv(socket_.fd(), data, bytes, MSG_DONTWAIT);
-  bool wake = false;
-  const size_t got = shm_->in.read(data, bytes, wake);
-  if (wake) ringDoorbell();
-  if (got > 0 || peerClosed_) return ssize_t(got);
-  errno = EAGAIN;
-  return -1;
-}
-
-bool Pair::prepareSleep(bool read) {
-  if (read && !shm_->in.sleepAsReader()) return false;
-  if (!sends_.empty() && !shm_->out.sleepAsWriter()) {
-    shm_->in.wakeReader();
-    return false;
-  }
-  return true;
-}
-
-void Pair::afterSleep(short revents) {
-  shm_->in.wakeReader();
-  shm_->out.wakeWriter();
-  if (!(revents & (POLLIN | POLLHUP | POLLERR))) return;
-  char bells[64];
-  for (;;) {
-    ssize_t rc = ::recv(socket_.fd(), bells, sizeof(bells), MSG_DONTWAIT);
-    if (rc > 0 || (rc < 0 && errno == EINTR)) continue;
-    if (rc == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) peerClosed_ = true;
-    return;
-  }
-}
+      rx_(kRxBufferBytes) {}
 
 void Pair::postSend(const Frame& f, const void* data, size_t bytes, uint64_t cookie) {
   FrameHeader h{};
@@ -126,7 +69,7 @@ void Pair::progressSend(std::vector<uint64_t>& done) {
         iov[n++] = {const_cast<char*>(it->data) + payloadDone, it->bytes - payloadDone};
       }
     }
-    ssize_t rc = sendv(iov, n);
+    ssize_t rc = stream_.sendv(iov, n);
     if (rc < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -161,7 +104,7 @@ bool Pair::fill(size_t want) {
     rxBegin_ = 0;
   }
   while (rxEnd_ < want) {
-    ssize_t rc = recvSome(rx_.data() + rxEnd_, rx_.size() - rxEnd_);
+    ssize_t rc = stream_.recvSome(rx_.data() + rxEnd_, rx_.size() - rxEnd_);
     if (rc > 0) {
       rxEnd_ += size_t(rc);
     } else if (rc == 0) {
@@ -186,14 +129,14 @@ bool Pair::finishPartialSend(Deadline deadline) {
     }
     size_t payloadDone = op.done > sizeof(FrameHeader) ? op.done - sizeof(FrameHeader) : 0;
     if (payloadDone < op.bytes) iov[n++] = {const_cast<char*>(op.data) + payloadDone, op.bytes - payloadDone};
-    ssize_t rc = sendv(iov, n);
+    ssize_t rc = stream_.sendv(iov, n);
     if (rc > 0) {
       op.done += size_t(rc);
     } else if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (ms <= 0) return false;
-      pollfd p{socket_.fd(), POLLOUT, 0};
-      if (shm_) {
+      pollfd p{stream_.fd(), POLLOUT, 0};
+      if (stream_.usesShm()) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));  // a reader drains the ring without a bell
       } else if (::poll(&p, 1, int(ms)) <= 0) {
         return false;
@@ -207,7 +150,7 @@ bool Pair::finishPartialSend(Deadline deadline) {
 }
 
 void Pair::sendAbort(const std::string& reason, Deadline deadline) {
-  if (!socket_.valid()) return;
+  if (!stream_.valid()) return;
   if (!sends_.empty() && sends_.front().done > 0 && !finishPartialSend(deadline)) return;
   std::string why = reason.substr(0, kMaxReasonBytes);
   FrameHeader h{};
@@ -217,9 +160,9 @@ void Pair::sendAbort(const std::string& reason, Deadline deadline) {
   std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
   frame += why;
   // A ring takes the frame whole or not at all: half a frame would read as garbage.
-  if (shm_ && shm_->out.writable() < frame.size()) return;
+  if (stream_.writableNow() < frame.size()) return;
   iovec iov{frame.data(), frame.size()};
-  ssize_t rc = sendv(&iov, 1);
+  ssize_t rc = stream_.sendv(&iov, 1);
   (void)rc;  // the connection closes next either way
 }
 
@@ -253,7 +196,7 @@ void Pair::throwSalvagedAbort() {
   std::vector<char> tail(rx_.begin() + rxBegin_, rx_.begin() + rxEnd_);
   char chunk[64 << 10];
   for (;;) {
-    ssize_t rc = ::recv(socket_.fd(), chunk, sizeof(chunk), MSG_DONTWAIT);
+    ssize_t rc = ::recv(stream_.fd(), chunk, sizeof(chunk), MSG_DONTWAIT);
     if (rc > 0) tail.insert(tail.end(), chunk, chunk + rc);
     if (rc > 0 || (rc < 0 && errno == EINTR)) continue;
     break;
@@ -325,7 +268,7 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
         if (!fill(1)) return;
         continue;
       }
-      ssize_t rc = recvSome(op.data + op.got, left);
+      ssize_t rc = stream_.recvSome(op.data + op.got, left);
       if (rc > 0) {
         op.got += size_t(rc);
         bytesReceived_ += size_t(rc);

@@ -1,13 +1,8 @@
 // One connection to one peer, as a non-blocking state machine: a queue of
 // sends (header + payload, batched into sendmsg) and a queue of receives that
-// match arriving frames in order. The Device's poll loop drives it.
-//
-// The byte stream is the TCP socket, or, for a peer on the same host, a pair
-// of shared-memory rings (shm/links.h); then the socket only carries the
-// doorbell of a sleeping side and tells of the peer's death by closing.
+// match arriving frames in order, over a Stream (a socket, or shared-memory
+// rings for a peer on this host). The Device's poll loop drives it.
 #pragma once
-
-#include <sys/uio.h>
 
 #include <deque>
 #include <memory>
@@ -15,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../shm/links.h"
-#include "socket.h"
+#include "stream.h"
 #include "wire.h"
 
 namespace collx::tcp {
@@ -29,20 +23,17 @@ class Pair {
   Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled,
        std::unique_ptr<shm::Link> shm = nullptr);
 
-  int fd() const { return socket_.fd(); }
+  int fd() const { return stream_.fd(); }
   int peer() const { return peer_; }
   bool wantsWrite() const { return !sends_.empty(); }
   bool wantsRead() const { return !recvs_.empty(); }
-  bool usesShm() const { return shm_ != nullptr; }
+  bool usesShm() const { return stream_.usesShm(); }
 
-  // Shared memory only. Before the Device sleeps in poll(): tells the peer to
-  // ring the doorbell when it moves; false if it already has (do not sleep).
-  // `read`: also for bytes arriving (a pair waiting only to send still
-  // listens for an abort or cancel frame).
-  bool prepareSleep(bool read);
-  // After poll(): takes the flags back and drains the doorbell; a closed
-  // socket marks the peer gone, reported once its ring is drained.
-  void afterSleep(short revents);
+  // Rings only (Stream): before the Device sleeps in poll(). `read`: for
+  // bytes arriving too (a pair waiting only to send still listens for an
+  // abort or cancel frame).
+  bool prepareSleep(bool read) { return stream_.prepareSleep(read, !sends_.empty()); }
+  void afterSleep(short revents) { stream_.afterSleep(revents); }
 
   void postSend(const Frame& frame, const void* data, size_t bytes, uint64_t cookie);
   void postRecv(const Frame& frame, void* data, size_t bytes, uint64_t cookie);
@@ -66,7 +57,7 @@ class Pair {
   uint64_t bytesSent() const { return bytesSent_; }
   uint64_t bytesReceived() const { return bytesReceived_; }
 
-  void close() { socket_.reset(); }
+  void close() { stream_.close(); }
 
   // Best effort: tells the peer why this rank gives up. A message half sent
   // is finished first if the peer takes it by `deadline`, so the abort frame
@@ -105,17 +96,10 @@ class Pair {
   [[noreturn]] void fail(const std::string& what, int err) const;
   // Sends the rest of the half-sent front message; false if not by `deadline`.
   bool finishPartialSend(Deadline deadline);
-  // The stream: the socket, or the rings. Same contract as sendmsg/recv with
-  // MSG_DONTWAIT: bytes moved, 0 at the peer's end (recv), -1 with errno.
-  ssize_t sendv(const iovec* iov, int n);
-  ssize_t recvSome(void* data, size_t bytes);
-  void ringDoorbell();
 
   int rank_;
   int peer_;
-  Socket socket_;
-  std::unique_ptr<shm::Link> shm_;
-  bool peerClosed_ = false;  // shared memory: the socket reached its end
+  Stream stream_;
   const std::set<uint64_t>* cancelled_;
   std::deque<SendOp> sends_;
   std::deque<RecvOp> recvs_;
