@@ -8,7 +8,7 @@ Executor::Executor() : thread_([this] { loop(); }) {}
 
 Executor::~Executor() { shutdown("the collx executor was destroyed"); }
 
-uint64_t Executor::submit(Task task) {
+uint64_t Executor::submit(Task task, bool wake) {
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -16,8 +16,16 @@ uint64_t Executor::submit(Task task) {
     queue_.push_back(std::move(task));
     id = nextId_++;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
   return id;
+}
+
+void Executor::kick() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_.empty()) return;
+  }
+  cv_.notify_all();
 }
 
 bool Executor::take(std::unique_lock<std::mutex>&, uint64_t limit, Task& task) {
@@ -30,11 +38,15 @@ bool Executor::take(std::unique_lock<std::mutex>&, uint64_t limit, Task& task) {
 }
 
 void Executor::finished() {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = false;
+    // Only a queued task or a shutdown waits for this one to end; waking an
+    // idle thread for nothing costs a synchronous op a few microseconds.
+    wake = !queue_.empty() || stopping_;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void Executor::runUntil(uint64_t id) {

@@ -26,8 +26,15 @@ class Executor {
   Executor();
   ~Executor();  // shutdown("the collx executor was destroyed")
 
-  // Queues a task and returns its id (ids increase from 1). Throws Error after shutdown.
-  uint64_t submit(Task task);
+  // Queues a task and returns its id (ids increase from 1). Throws Error
+  // after shutdown. `wake`: false when the caller is about to runUntil(id)
+  // (a synchronous op), so that the background thread is not woken for a
+  // task this thread takes anyway; a later submit, kick or runUntil starts it.
+  uint64_t submit(Task task, bool wake = true);
+
+  // Wakes the background thread for whatever is queued (a caller that will
+  // not run its task inline after all, e.g. a wait with a timeout).
+  void kick();
 
   // Runs queued tasks in the calling thread, up to and including task `id`,
   // while no other thread is running one. Returns once `id` has started

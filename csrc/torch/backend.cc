@@ -163,7 +163,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     work->complete(distError(describe() + why));
   };
   asDistError(name(kind), rank_, [&] {
-    work->attach(executor_, executor_->submit(std::move(task)));
+    work->attach(executor_, executor_->submit(std::move(task), /*wake=*/!tCallerWaits));
     return 0;
   });
   return work;

@@ -148,7 +148,7 @@ class CollxBackend : public c10d::Backend {
   // queueing), the op still takes its sequence number and the peers hear why
   // (Device::cancel): a peer running the op fails now, not at its timeout.
   template <typename Fn>
-  c10::intrusive_ptr<c10d::Work> validated(OpKind kind, Fn&& fn);
+  c10::intrusive_ptr<c10d::Work> validated(OpKind kind, bool callerWaits, Fn&& fn);
   void cancelRejected(OpKind kind, const std::exception& e);
 
   bool logs(LogLevel level) const { return config_.logLevel >= level; }
@@ -214,18 +214,23 @@ class CollxBackend : public c10d::Backend {
 };
 
 // Entry points nest (allgather_coalesced calls allgather): only the outermost
-// one in this thread cancels.
+// one in this thread cancels, and says whether its caller waits at once
+// (the op's asyncOp is false: torch waits on the Work before returning).
 inline thread_local int tEntryDepth = 0;
+inline thread_local bool tCallerWaits = false;
 
 template <typename Fn>
-c10::intrusive_ptr<c10d::Work> CollxBackend::validated(OpKind kind, Fn&& fn) {
-  ++tEntryDepth;
+c10::intrusive_ptr<c10d::Work> CollxBackend::validated(OpKind kind, bool callerWaits, Fn&& fn) {
+  if (tEntryDepth++ == 0) tCallerWaits = callerWaits;
   try {
     auto work = fn();
-    --tEntryDepth;
+    if (--tEntryDepth == 0) tCallerWaits = false;
     return work;
   } catch (const std::exception& e) {
-    if (--tEntryDepth == 0) cancelRejected(kind, e);
+    if (--tEntryDepth == 0) {
+      tCallerWaits = false;
+      cancelRejected(kind, e);
+    }
     throw;
   }
 }

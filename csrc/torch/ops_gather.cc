@@ -34,7 +34,7 @@ std::string treeLabel(const char* op, const Collective& c, size_t bytes) {
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
-  return validated(OpKind::kBroadcast, [&]() -> WorkPtr {
+  return validated(OpKind::kBroadcast, !opts.asyncOp, [&]() -> WorkPtr {
     const bool isRoot = rank_ == opts.rootRank;
     if (auto w = onMirror("broadcast", tensors, isRoot, !isRoot, [&](auto& host) { return broadcast(host, opts); })) {
       return w;
@@ -60,7 +60,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) {
-  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
+  return validated(OpKind::kAllgather, !opts.asyncOp, [&]() -> WorkPtr {
     // torch passes outputs[rank][input] here but outputs[input][rank] to allgather.
     const char* op = "all_gather_coalesced";
     if (int(outputs.size()) != size_) {
@@ -80,7 +80,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_coalesced(std::vector<std
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::AllgatherOptions& opts) {
-  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
+  return validated(OpKind::kAllgather, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "all_gather";
     if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return allgather(out, in, opts); })) {
       return w;
@@ -121,7 +121,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::_allgather_base(at::Tensor& output,
 c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const c10d::AllgatherOptions& opts) {
-  return validated(OpKind::kAllgather, [&]() -> WorkPtr {
+  return validated(OpKind::kAllgather, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "all_gather_into_tensor";
     if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return allgather_into_tensor_coalesced(out, in, opts); })) {
       return w;
@@ -157,7 +157,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
 c10::intrusive_ptr<c10d::Work> CollxBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
-  return validated(OpKind::kGather, [&]() -> WorkPtr {
+  return validated(OpKind::kGather, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "gather";
     if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return gather(out, in, opts); })) {
       return w;
@@ -202,7 +202,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::gather(std::vector<std::vector<at::
 c10::intrusive_ptr<c10d::Work> CollxBackend::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
-  return validated(OpKind::kScatter, [&]() -> WorkPtr {
+  return validated(OpKind::kScatter, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "scatter";
     if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return scatter(out, in, opts); })) {
       return w;
@@ -246,7 +246,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& outputSplits,
                                                            std::vector<int64_t>& inputSplits,
                                                            const c10d::AllToAllOptions& opts) {
-  return validated(OpKind::kAllToAll, [&]() -> WorkPtr {
+  return validated(OpKind::kAllToAll, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "all_to_all_single";
     if (auto w = onMirrors(op, output, input,
                            [&](auto& out, auto& in) { return alltoall_base(out, in, outputSplits, inputSplits, opts); })) {
@@ -310,7 +310,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
 c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
-  return validated(OpKind::kAllToAll, [&]() -> WorkPtr {
+  return validated(OpKind::kAllToAll, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "all_to_all";
     if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return alltoall(out, in, opts); })) {
       return w;

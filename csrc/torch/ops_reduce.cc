@@ -56,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
-  return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
+  return validated(OpKind::kAllreduce, !opts.asyncOp, [&]() -> WorkPtr {
     if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduceSparse(tensors[0], opts);
     if (auto w = onMirror("all_reduce", tensors, true, true, [&](auto& host) { return allreduce(host, opts); })) {
       return w;
@@ -70,7 +70,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
                                                            Algorithm algorithm) {
-  return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
+  return validated(OpKind::kAllreduce, false, [&]() -> WorkPtr {
     if (auto w = onMirror("all_reduce", tensor, true, true,
                           [&](at::Tensor& host) { return allreduceWith(host, op, algorithm); })) {
       return w;
@@ -82,7 +82,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, c
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
-  return validated(OpKind::kAllreduce, [&]() -> WorkPtr {
+  return validated(OpKind::kAllreduce, !opts.asyncOp, [&]() -> WorkPtr {
     if (auto w = onMirror("all_reduce_coalesced", tensors, true, true,
                           [&](auto& host) { return allreduce_coalesced(host, opts); })) {
       return w;
@@ -102,7 +102,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
-  return validated(OpKind::kReduce, [&]() -> WorkPtr {
+  return validated(OpKind::kReduce, !opts.asyncOp, [&]() -> WorkPtr {
     // Only the root's tensor changes.
     if (auto w = onMirror("reduce", tensors, true, rank_ == opts.rootRank,
                           [&](auto& host) { return reduce(host, opts); })) {
@@ -146,7 +146,7 @@ static std::string reduceScatterInto(const Collective& c, const ResolvedOp& r, D
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
-  return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
+  return validated(OpKind::kReduceScatter, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "reduce_scatter";
     if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return reduce_scatter(out, in, opts); })) {
       return w;
@@ -176,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::_reduce_scatter_base(at::Tensor& ou
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                              std::vector<at::Tensor>& inputs,
                                                                              const c10d::ReduceScatterOptions& opts) {
-  return validated(OpKind::kReduceScatter, [&]() -> WorkPtr {
+  return validated(OpKind::kReduceScatter, !opts.asyncOp, [&]() -> WorkPtr {
     const char* op = "reduce_scatter_tensor";
     if (auto w = onMirrors(op, outputs, inputs, [&](auto& out, auto& in) { return reduce_scatter_tensor_coalesced(out, in, opts); })) {
       return w;

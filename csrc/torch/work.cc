@@ -23,7 +23,11 @@ int CollxWork::sourceRank() const {
 bool CollxWork::wait(std::chrono::milliseconds timeout) {
   // Only an unbounded wait may run the op inline: one bounded by `timeout`
   // must return at that time (as gloo's does) while the op goes on.
-  if (executor_ && timeout == ::kNoTimeout) executor_->runUntil(taskId_);
+  if (executor_ && timeout == ::kNoTimeout) {
+    executor_->runUntil(taskId_);
+  } else if (executor_) {
+    executor_->kick();  // a synchronous op's task was queued without waking the thread
+  }
   // A reply that comes within a loopback round trip or two is picked up here,
   // without the progress thread's wakeup and then this thread's.
   if (p2p_ && timeout == ::kNoTimeout) p2p_->spin([this] { return isCompleted(); }, std::chrono::microseconds(250));
