@@ -20,13 +20,16 @@ namespace collx {
 
 namespace {
 
-// Sizes timed per algorithm, and timed runs at each (the median counts): the
-// latency end, the crossovers on loopback (tens of KiB), and the bandwidth
-// end, where star and direct fall behind the pipelined ring only past a few
-// hundred KiB. Few runs at the large sizes keep calibration near 35 ms at
-// n=4 on 2 cores.
+// Sizes timed per algorithm: the latency end, the crossovers on loopback
+// (tens of KiB), and the bandwidth end, where star and direct fall behind the
+// pipelined ring only past a few hundred KiB. Each size gets one round of
+// every algorithm, then as many more rounds (up to a limit) as its time
+// budget allows at the speed the first round measured: a slow link (TCP, 4
+// ranks on 2 cores) keeps calibration near 35 ms, a fast one (shared memory)
+// buys medians that one noisy run cannot spoil.
 constexpr size_t kCalibrationSizes[] = {8, 16 << 10, 256 << 10, 1 << 20};
-constexpr int kCalibrationReps[] = {3, 3, 2, 1};
+constexpr int kMaxRounds[] = {5, 5, 3, 3};
+constexpr double kRoundBudgetUs[] = {1000, 2000, 3000, 6000};
 constexpr size_t kNumSizes = sizeof(kCalibrationSizes) / sizeof(kCalibrationSizes[0]);
 // Sequence numbers of calibration frames: far above any op's.
 constexpr uint64_t kCalibrationSeq = uint64_t(1) << 62;
@@ -94,19 +97,31 @@ class Calibration {
     const auto start = Clock::now();
     std::vector<char> buf(kCalibrationSizes[kNumSizes - 1]);
     std::vector<double> medians(std::size(kFlatAlgorithms) * kNumSizes);  // [algorithm][size], microseconds
+    const size_t algos = std::size(kFlatAlgorithms);
     for (size_t k = 0; k < kNumSizes; ++k) {
       const size_t count = kCalibrationSizes[k] / sizeof(float);
       // One warm-up per size, which grows the shared workspace to it.
       allreduce(Algorithm::kRing, DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
-      for (size_t a = 0; a < std::size(kFlatAlgorithms); ++a) {
-        std::vector<double> us;
-        for (int rep = 0; rep < kCalibrationReps[k]; ++rep) {
+      // Rounds interleave the algorithms, so that a drift of the machine hits all alike.
+      std::vector<std::vector<double>> us(algos);
+      auto round = [&] {
+        for (size_t a = 0; a < algos; ++a) {
           const auto t0 = Clock::now();
           allreduce(kFlatAlgorithms[a], DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
-          us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+          us[a].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         }
-        std::sort(us.begin(), us.end());
-        medians[a * kNumSizes + k] = us[us.size() / 2];
+      };
+      round();
+      // How many more rounds fit the budget, from the first round's agreed
+      // (slowest rank's) time: every rank must run the same number.
+      double first = 0;
+      for (auto& u : us) first += u[0];
+      allreduce(Algorithm::kDirect, DataType::kFloat64, ReduceOp::kMax, &first, 1);
+      const int more = std::min(kMaxRounds[k] - 1, int(kRoundBudgetUs[k] / std::max(first, 1.0)));
+      for (int r = 0; r < more; ++r) round();
+      for (size_t a = 0; a < algos; ++a) {
+        std::sort(us[a].begin(), us[a].end());
+        medians[a * kNumSizes + k] = us[a][us[a].size() / 2];
       }
     }
     allreduce(Algorithm::kDirect, DataType::kFloat64, ReduceOp::kMax, medians.data(), medians.size());
