@@ -203,6 +203,21 @@ def targets(rows, ops, n):
     return lines
 
 
+def over_tcp(rows):
+    """Per op and size, each other collx group's time over collx/tcp's."""
+    tcp = {(r["op"], r["bytes"]): r["time_us"] for r in rows if r["backend"] == "collx/tcp"}
+    others = sorted({r["backend"] for r in rows if r["backend"].startswith("collx") and r["backend"] != "collx/tcp"})
+    if not tcp or not others:
+        return []
+    lines = [f"# time over collx/tcp's (lower is better): {', '.join(others)}"]
+    for r in rows:
+        if r["backend"] == others[0] and (r["op"], r["bytes"]) in tcp:
+            cells = [f"{o['time_us'] / tcp[(r['op'], r['bytes'])]:.2f}" for o in rows
+                     if o["backend"] in others and (o["op"], o["bytes"]) == (r["op"], r["bytes"])]
+            lines.append(f"#   {r['op']:<15s} {r['bytes']:>10d}  " + "  ".join(cells))
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ops", default=",".join(OPS), help=f"comma list of {','.join(OPS)}")
@@ -213,6 +228,10 @@ def main():
     p.add_argument("--time-per-point", type=float, default=0.5, help="seconds per point")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", help="dump all rows to this JSON file")
+    p.add_argument("--transports", default="auto",
+                   help="comma list of collx transports (auto,tcp,shm): one collx group each; auto's is "
+                        "named collx, the others collx/<transport>; with tcp among them, a summary of "
+                        "each group's time over collx/tcp's")
     args = p.parse_args()
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -232,7 +251,9 @@ def main():
             import torchcollx
         except ImportError as e:
             sys.exit(f"[rank {rank}] cannot import torchcollx ({e}); build it or run with --backends gloo")
-        groups.append(("collx", dist.new_group(backend="collx", pg_options=torchcollx.Options())))
+        for t in (t.strip() for t in args.transports.split(",") if t.strip()):
+            name = "collx" if t == "auto" else f"collx/{t}"
+            groups.append((name, dist.new_group(backend="collx", pg_options=torchcollx.Options(transport=t))))
     if rank == 0:
         print(f"# collectives benchmark  world_size={n}  torch={torch.__version__}  dtype=float32 "
               f"device=cpu  cpus={os.cpu_count()}  backends={[g for g, _ in groups]}  "
@@ -249,11 +270,11 @@ def main():
             gloo_row = None
             for name, group in groups:  # interleaved: every backend at one size, then the next size
                 point = Point(op, count, group, rank, n)
-                if name == "collx":
+                if name.startswith("collx"):
                     import torchcollx
                     before = torchcollx.get_stats(group)["algorithms"]
                 t, p50, iters = time_point(name, point, args)
-                algo = collx_label(group, before) if name == "collx" else "-"
+                algo = collx_label(group, before) if name.startswith("collx") else "-"
                 algbw = count * 4 / t / 1e9
                 r = dict(op=op, bytes=count * 4, backend=name, algo=algo, time_us=t * 1e6, p50_us=p50 * 1e6,
                          algbw=algbw, busbw=algbw * busbw_factor(op, n), iters=iters, vs_gloo=None, busbw_x=None)
@@ -267,6 +288,7 @@ def main():
         if "gloo" in backends and "collx" in backends:
             print()
             print("\n".join(targets(rows, ops, n)))
+        print("\n".join(over_tcp(rows)))
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             meta = dict(world_size=n, torch=torch.__version__, cpus=os.cpu_count(),

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-ALGORITHMS = ("auto", "ring", "tree", "star", "direct", "hier")
+ALGORITHMS = ("auto", "ring", "tree", "star", "direct", "hier", "shm")
 TRANSPORTS = ("auto", "tcp", "shm")
 
 _DEFAULTS = {"algorithm": "auto", "tree_arity": 2, "segment_bytes": 512 * 1024, "socket_ifname": "",

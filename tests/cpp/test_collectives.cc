@@ -202,8 +202,10 @@ void sweep(int n, shm::Mode transport) {
   Group g(n, options);
   uint64_t seq = 0;
   for (size_t count : counts) {
-    for (Algorithm algo : {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar, Algorithm::kDirect,
-                           Algorithm::kHierarchical, Algorithm::kAuto}) {
+    std::vector<Algorithm> algos = {Algorithm::kRing, Algorithm::kTree, Algorithm::kStar, Algorithm::kDirect,
+                                    Algorithm::kHierarchical, Algorithm::kAuto};
+    if (transport == shm::Mode::kShm && n > 1) algos.push_back(Algorithm::kShm);
+    for (Algorithm algo : algos) {
       testAllreduce(g, seq, algo, count, 512 << 10, 2);
       if (count <= 100003) testAllreduce(g, seq, algo, count, 4096, 3);  // deep pipelining
     }

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -162,6 +163,67 @@ void testAbortWhileSenderBlocked() {
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the abort was seen only at the deadline");
 }
 
+// The all-reduce in shared windows: a count mismatch fails every rank before
+// a byte of its buffer is written; a peer that never comes is a timeout that
+// names it; one that goes away fails the waiter at once.
+void testWindowsAllreduceFailures() {
+  Group g(3, over(shm::Mode::kShm));
+  std::vector<std::string> errors(3);
+  std::vector<bool> untouched(3, false);
+  test::runRanks(3, [&](int r) {
+    CHECK(g.devices[r]->sharedWindows() != nullptr, "a group on one host has shared windows");
+    std::vector<float> buf(r == 2 ? 1000 : 1001, float(r + 1));
+    Workspace ws;
+    Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
+                 1 << 16, 2, ws};
+    try {
+      shmAllreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+    untouched[r] = std::all_of(buf.begin(), buf.end(), [&](float v) { return v == float(r + 1); });
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(errors[r].find("mismatched collective") != std::string::npos ||
+              errors[r].find("aborted the group") != std::string::npos,
+          "rank ", r, ": ", errors[r]);
+    CHECK(untouched[r], "rank ", r, ": its buffer was written despite the mismatch");
+  }
+
+  Group lone(2, over(shm::Mode::kShm));
+  std::vector<float> buf(10, 1.0f);
+  Workspace ws;
+  Collective c{*lone.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1,
+               Clock::now() + std::chrono::milliseconds(300), 1 << 16, 2, ws};
+  std::string error;
+  try {
+    shmAllreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+  } catch (const TimeoutError& e) {
+    error = e.what();
+  }
+  CHECK(error.find("Timed out waiting for peer(s) 1 to have posted") != std::string::npos, "got: ", error);
+
+  Group gone(2, over(shm::Mode::kShm));
+  auto start = Clock::now();
+  error.clear();
+  test::runRanks(2, [&](int r) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      gone.devices[1]->close();
+      return;
+    }
+    Collective c0{*gone.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1,
+                  Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
+    try {
+      shmAllreduce(c0, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  CHECK(error.find("closed by the peer") != std::string::npos, "got: ", error);
+  CHECK(Clock::now() - start < std::chrono::seconds(5), "the departed peer was noticed only at the deadline");
+}
+
 void testAttachErrors() {
   bool threw = false;
   try {
@@ -223,6 +285,7 @@ int main() {
   testSetupNotes();
   testPeerGoneMidOp();
   testAbortWhileSenderBlocked();
+  testWindowsAllreduceFailures();
   testAttachErrors();
   testNoLeaks();
   std::printf("shm: group setup, peer gone, errors, leaks ok\n");

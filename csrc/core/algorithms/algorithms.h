@@ -10,7 +10,7 @@
 
 namespace collx {
 
-enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kStar, kDirect, kHierarchical, kCount };
+enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kStar, kDirect, kHierarchical, kShm, kCount };
 const char* name(Algorithm a);
 Algorithm parseAlgorithm(const char* s);  // throws Error on an unknown name
 
@@ -28,6 +28,9 @@ void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
+// Needs Transport::sharedWindows() (every rank on this host, on shared
+// memory); writes buf by copies after reducing in the windows, like hier.
+void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 
 // The ranks of a group by host (Transport::host): hosts in order of their
 // lowest rank, ranks ascending within a host, so ranks[h][0] is host h's leader.
@@ -38,8 +41,9 @@ struct HostLayout {
 HostLayout hostLayout(const Transport& t);
 
 // What `algo` runs for an all-reduce of `bytes` on `t`: itself, or for kAuto
-// the hierarchical one when the group spans hosts with several ranks on one,
-// else the cost model's.
+// the shared-memory one from kShmMinBytes when the transport has shared
+// windows, the hierarchical one when the group spans hosts with several
+// ranks on one, else the cost model's.
 Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes);
 // Runs `algo` (resolved as above) and returns the one that ran.
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn);

@@ -1,5 +1,5 @@
-// All-reduce entry point: resolves auto (host layout, then the cost model)
-// and runs one of ring, tree, star, direct or hierarchical.
+// All-reduce entry point: resolves auto (shared memory, host layout, then the
+// cost model) and runs one of ring, tree, star, direct, hierarchical or shm.
 #include <cstring>
 
 #include "../error.h"
@@ -9,7 +9,10 @@
 namespace collx {
 
 namespace {
-constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct", "hier"};
+constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct", "hier", "shm"};
+// From this size auto takes the shared-memory all-reduce where it can; below
+// it a message algorithm's single exchange beats three rounds of counters.
+constexpr size_t kShmMinBytes = 0;
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Algorithm::kCount));
 }  // namespace
 
@@ -21,11 +24,12 @@ Algorithm parseAlgorithm(const char* s) {
   for (size_t i = 0; i < size_t(Algorithm::kCount); ++i) {
     if (strcmp(s, kNames[i]) == 0) return Algorithm(i);
   }
-  throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree, star, direct or hier)"));
+  throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree, star, direct, hier or shm)"));
 }
 
 Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes) {
   if (algo != Algorithm::kAuto) return algo;
+  if (bytes >= kShmMinBytes && t.sharedWindows()) return Algorithm::kShm;
   return chooseAllreduce(tuning, t.size(), t.hostCount(), treeArity, bytes);
 }
 
@@ -37,6 +41,7 @@ Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count
     case Algorithm::kStar: starAllreduce(c, buf, count, fn); break;
     case Algorithm::kDirect: directAllreduce(c, buf, count, fn); break;
     case Algorithm::kHierarchical: hierarchicalAllreduce(c, buf, count, fn); break;
+    case Algorithm::kShm: shmAllreduce(c, buf, count, fn); break;
     default: throw Error(str("collx: invalid all-reduce algorithm ", int(algo)));
   }
   return algo;

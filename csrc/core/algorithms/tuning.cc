@@ -94,6 +94,7 @@ const Tuning& Tuning::table() {
                             /* star */ {30.0, 500.0},
                             /* direct */ {30.0, 500.0},
                             /* hier */ {30.0, 1000.0},  // without a host layout: its one-host form, see steps()
+                            /* shm */ {0, 1},  // not modelled: auto takes it where it can (allreduce.cc)
                         },
                         "table"};
   static_assert(sizeof(t.cost) / sizeof(t.cost[0]) == size_t(Algorithm::kCount));
@@ -128,7 +129,7 @@ Tuning Tuning::fit(int n, int arity, const std::vector<size_t>& sizes, const std
 std::string Tuning::serialize() const {
   // snprintf, not an ostream: see append() in error.h.
   std::string out = "collx-tuning 1\n";
-  for (size_t i = 1; i < size_t(Algorithm::kCount); ++i) {
+  for (size_t i = 1; i < size_t(Algorithm::kShm); ++i) {
     char line[96];
     std::snprintf(line, sizeof(line), "%s %.17g %.17g\n", name(Algorithm(i)), cost[i].latencyUs, cost[i].bytesPerUs);
     out += line;

@@ -69,6 +69,9 @@ class Transport {
 
   virtual TransportCounters counters() const = 0;
 
+  // Every rank's memory, where all ranks share this host (shared_windows.h).
+  virtual class SharedWindows* sharedWindows() const { return nullptr; }
+
   // Closes every connection; later calls throw. Safe to call twice.
   virtual void close() = 0;
 };

@@ -101,6 +101,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   LocalLinks result;
   result.collectives.resize(size_t(size));
   result.p2p.resize(size_t(size));
+  result.windows.resize(size_t(size));
   std::vector<int> peers;
   for (int r = 0; r < size; ++r) {
     if (r != rank && hosts[r] == hosts[rank]) peers.push_back(r);
@@ -108,7 +109,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   if (mode == Mode::kTcp || peers.empty()) return result;
 
   const size_t ring = ringBytes(int(peers.size()) + 1);
-  const size_t bytes = kPage + peers.size() * slotBytes(ring);
+  const size_t windowAt = kPage + peers.size() * slotBytes(ring);
+  const size_t bytes = windowAt + kPage + 2 * kWindowHalfBytes;
   const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   const std::string key = prefix + "shm/";
 
@@ -164,9 +166,15 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
       link->outSegment = theirs[size_t(peer)];
       (channel == 0 ? result.collectives : result.p2p)[size_t(peer)] = std::move(link);
     }
+    result.windows[size_t(peer)] = theirs[size_t(peer)]->data() + windowAt;
+    result.segments.push_back(theirs[size_t(peer)]);
     ++linked;
   }
   own->closeFd();
+  if (linked > 0) {
+    result.windows[size_t(rank)] = own->data() + windowAt;
+    result.segments.push_back(own);
+  }
 
   if (!failures.empty()) {
     result.unavailable = true;

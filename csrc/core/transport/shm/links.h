@@ -45,9 +45,17 @@ struct Link {
   std::shared_ptr<Segment> inSegment, outSegment;  // keep the mappings
 };
 
+// Each segment also holds its owner's shared window (transport/shared_windows.h):
+// a control page, then two halves of kWindowHalfBytes.
+constexpr size_t kWindowHalfBytes = 1 << 20;
+
 struct LocalLinks {
   // Per rank, for each channel; null: TCP (other host, self, or no shm).
   std::vector<std::unique_ptr<Link>> collectives, p2p;
+  // Per rank: its window area (control page, then the halves), mapped here;
+  // null where there are no rings (and for self when there are none at all).
+  std::vector<char*> windows;
+  std::vector<std::shared_ptr<Segment>> segments;  // keep `windows` mapped
   std::string note;  // one line on what was set up or why not, for the log
   bool unavailable = false;  // some local pair could not use shared memory
 };

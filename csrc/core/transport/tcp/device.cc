@@ -10,6 +10,7 @@
 
 #include "../../error.h"
 #include "rendezvous.h"
+#include "windows.h"
 
 namespace collx::tcp {
 
@@ -38,6 +39,9 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
                                             Clock::now() + options.timeout);
   transportNote_ = local.note;
   shmUnavailable_ = local.unavailable;
+  if (std::all_of(local.windows.begin(), local.windows.end(), [](char* w) { return w != nullptr; })) {
+    windows_ = std::make_unique<Windows>(*this, std::move(local.windows), std::move(local.segments));
+  }
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) {
       pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[kCollectives][peer]), &cancelled_,
@@ -55,6 +59,8 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
 }
 
 Device::~Device() { close(); }
+
+SharedWindows* Device::sharedWindows() const { return windows_.get(); }
 
 void Device::closeSockets() {
   std::lock_guard<std::mutex> lock(socketsMutex_);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../../store.h"
+#include "../shared_windows.h"
 #include "p2p_engine.h"
 #include "pair.h"
 
@@ -49,6 +50,7 @@ class Device : public Transport {
   size_t pending() const override { return pending_; }
   TransportCounters counters() const override;
   void close() override;
+  SharedWindows* sharedWindows() const override;
 
   // Takes collective #seq out of the group's sequence on this rank (its input
   // was rejected): tells every peer why with a cancel frame, so a peer running
@@ -73,6 +75,9 @@ class Device : public Transport {
   [[noreturn]] void breakWith(const std::exception& e, bool timeout);
   [[noreturn]] void timeout();
 
+  class Windows;  // windows.cc
+  friend class Windows;
+
   int rank_;
   int size_;
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self
@@ -82,6 +87,7 @@ class Device : public Transport {
   std::string address_;                       // published "host:port"
   std::string transportNote_;
   bool shmUnavailable_ = false;
+  std::unique_ptr<Windows> windows_;  // when every rank is here, on shared memory
   size_t pending_ = 0;
   std::chrono::microseconds spin_{0};  // busy-poll budget per waitSome
   bool yield_ = false;                 // yield the core between busy polls

@@ -1,0 +1,61 @@
+// Memory that every rank of a group can read and write in place, for
+// algorithms that work on their peers' data where it lies instead of sending
+// it (algorithms/shm_allreduce.cc). A transport offers it only when every
+// rank of the group runs on this host and the pairs are linked by shared
+// memory; else Transport::sharedWindows() is null.
+//
+// Each rank owns one window (two halves, so that a chunk can be filled while
+// the peers still read the previous one) and a control block whose counters
+// only it writes. Waiting on a peer's counter is bounded: a dead or failed
+// peer, or the deadline, ends it with an error, never a hang.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "transport.h"
+
+namespace collx {
+
+struct alignas(64) WindowControl {
+  std::atomic<uint32_t> bell;      // bumped to wake this rank when it sleeps (a futex word)
+  std::atomic<uint32_t> sleeping;  // this rank sleeps on `bell`
+  char pad0[56];
+  // Chunks this rank has posted (copied in), reduced (its slice), gathered (copied out).
+  std::atomic<uint64_t> posted;
+  char pad1[56];
+  std::atomic<uint64_t> reduced;
+  char pad2[56];
+  std::atomic<uint64_t> gathered;
+  char pad3[56];
+  // The op of this rank's last posted chunk, which every peer checks before
+  // any result is written: sequence number, element count, kind, dtype.
+  std::atomic<uint64_t> seq;
+  std::atomic<uint64_t> count;
+  std::atomic<uint32_t> kind;
+  std::atomic<uint32_t> dtype;
+};
+
+class SharedWindows {
+ public:
+  virtual ~SharedWindows() = default;
+
+  // Bytes of each half of a window.
+  virtual size_t halfBytes() const = 0;
+  virtual char* window(int rank) = 0;
+  virtual WindowControl& control(int rank) = 0;
+
+  // After this rank moved a counter: wakes the peers that sleep.
+  virtual void publish() = 0;
+  // Spins, then sleeps, until ready(); checks the peers' health meanwhile.
+  // Throws Error when a peer failed or died, TimeoutError at the deadline;
+  // either breaks the group, naming what(): what this rank waited for.
+  virtual void waitFor(const std::function<bool()>& ready, Deadline deadline,
+                       const std::function<std::string()>& what) = 0;
+  // Breaks the group with `why` (peers waiting on it fail with the reason).
+  [[noreturn]] virtual void fail(const std::string& why) = 0;
+};
+
+}  // namespace collx

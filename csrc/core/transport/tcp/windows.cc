@@ -1,0 +1,91 @@
+#include "windows.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <thread>
+
+#include "../../error.h"
+
+namespace collx::tcp {
+
+namespace {
+// A sleeper wakes at least this often to look at its peers' health.
+constexpr auto kSleepSlice = std::chrono::milliseconds(1);
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::nanoseconds timeout) {
+  const timespec ts{time_t(timeout.count() / 1000000000), long(timeout.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futexWake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+}  // namespace
+
+Device::Windows::Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments)
+    : device_(device), areas_(std::move(areas)), segments_(std::move(segments)) {
+  static_assert(sizeof(WindowControl) <= kControlBytes, "the control block fits its page");
+}
+
+void Device::Windows::publish() {
+  for (int r = 0; r < device_.size_; ++r) {
+    WindowControl& c = control(r);
+    if (r != device_.rank_ && c.sleeping.load(std::memory_order_seq_cst)) {
+      c.bell.fetch_add(1, std::memory_order_seq_cst);
+      futexWake(&c.bell);
+    }
+  }
+}
+
+void Device::Windows::checkPeers() {
+  std::vector<pollfd> fds;
+  for (auto& p : device_.pairs_) {
+    if (p) fds.push_back({p->fd(), POLLIN, 0});
+  }
+  try {
+    const int rc = ::poll(fds.data(), fds.size(), 0);
+    size_t i = 0;
+    for (auto& p : device_.pairs_) {
+      if (!p) continue;
+      if (rc > 0) p->afterSleep(fds[i].revents);
+      ++i;
+      p->checkControl();  // an abort or cancel frame in its ring, or its end
+    }
+  } catch (const Error& e) {
+    device_.breakWith(e, false);
+  }
+}
+
+void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadline,
+                              const std::function<std::string()>& what) {
+  device_.throwIfBroken();
+  WindowControl& me = control(device_.rank_);
+  const Deadline spinUntil = Clock::now() + device_.spin_;
+  for (uint32_t round = 1;; ++round) {
+    if (ready()) return;
+    const Deadline now = Clock::now();
+    if (now >= deadline) {
+      device_.breakWith(TimeoutError(str("collx rank ", device_.rank_, ": Timed out waiting for ", what())), true);
+    }
+    if (round % 256 == 0) checkPeers();
+    if (now < spinUntil) {
+      if (device_.yield_) std::this_thread::yield();
+      continue;
+    }
+    // Sleep on this rank's bell; a peer that publishes rings it (publish()).
+    me.sleeping.store(1, std::memory_order_seq_cst);
+    const uint32_t bell = me.bell.load(std::memory_order_seq_cst);
+    if (!ready()) futexWait(&me.bell, bell, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
+    me.sleeping.store(0, std::memory_order_relaxed);
+    checkPeers();
+  }
+}
+
+void Device::Windows::fail(const std::string& why) { device_.breakWith(Error(why), false); }
+
+}  // namespace collx::tcp

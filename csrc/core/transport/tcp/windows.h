@@ -1,0 +1,35 @@
+// Device::Windows: the SharedWindows of a Device whose peers all share this
+// host: every rank's window area, mapped from the segments of shm/links.h,
+// and waits that watch the pairs' sockets and rings for a peer's failure.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "device.h"
+
+namespace collx::tcp {
+
+class Device::Windows : public SharedWindows {
+ public:
+  Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments);
+
+  size_t halfBytes() const override { return shm::kWindowHalfBytes; }
+  char* window(int rank) override { return areas_.at(size_t(rank)) + kControlBytes; }
+  WindowControl& control(int rank) override { return *reinterpret_cast<WindowControl*>(areas_.at(size_t(rank))); }
+  void publish() override;
+  void waitFor(const std::function<bool()>& ready, Deadline deadline,
+               const std::function<std::string()>& what) override;
+  [[noreturn]] void fail(const std::string& why) override;
+
+ private:
+  static constexpr size_t kControlBytes = 4096;
+  // Throws (breaking the device) if a peer closed its socket or sent an abort.
+  void checkPeers();
+
+  Device& device_;
+  std::vector<char*> areas_;
+  std::vector<std::shared_ptr<shm::Segment>> segments_;
+};
+
+}  // namespace collx::tcp
