@@ -8,7 +8,9 @@ matters), the same initial weights and the same per-rank batch for every
 configuration:
 
   gloo                     DDP on a gloo group, DDP's default hook
-  collx                    DDP on the collx world group, DDP's default hook
+  collx                    DDP on the collx world group, DDP's default hook (shared memory
+                           between the local ranks: COLLX_TRANSPORT=auto)
+  collx (tcp)              the same on a collx group forced onto TCP (transport="tcp")
   collx + hook auto        torchcollx.ddp.comm_hook, algorithm="auto"
   collx + hook bf16        comm_hook with compression="bf16"
   collx + hook cauto       comm_hook with compression="auto" (bf16 where the fitted model says it pays)
@@ -36,7 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import torchcollx  # noqa: F401  registers the "collx" backend
+import torchcollx  # registers the "collx" backend
 from torchcollx.ddp import CommHookState, comm_hook
 
 LOCAL = "no DDP (compute)"
@@ -68,6 +70,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     collx = dist.group.WORLD
+    collx_tcp = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="tcp"))
     torch.manual_seed(0)
     base = build_model(args.dim, args.hidden, args.blocks, 10)
     nparams = sum(q.numel() for q in base.parameters())
@@ -88,6 +91,7 @@ def main():
 
     add("gloo", gloo)
     add("collx", collx)
+    add("collx (tcp)", collx_tcp)
     add("collx + hook auto", collx, CommHookState(collx, "auto"))
     add("collx + hook bf16", collx, CommHookState(collx, "auto", compression="bf16"))
     add("collx + hook cauto", collx, CommHookState(collx, "auto", compression="auto"))

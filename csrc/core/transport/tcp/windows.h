@@ -24,8 +24,9 @@ class Device::Windows : public SharedWindows {
 
  private:
   static constexpr size_t kControlBytes = 4096;
-  // Throws (breaking the device) if a peer closed its socket or sent an abort.
-  void checkPeers();
+  // Throws (breaking the device) if a peer closed its socket or sent an
+  // abort, unless ready() holds by then.
+  void checkPeers(const std::function<bool()>& ready);
 
   Device& device_;
   std::vector<char*> areas_;
