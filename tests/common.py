@@ -27,7 +27,9 @@ FLOAT_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM"]
 INT_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 BOOL_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 BITWISE_OPS = ["BAND", "BOR", "BXOR"]
-ALGORITHMS = ["ring", "tree", "star", "direct", "hier", "auto"]  # hier: one host here, a local reduce + broadcast
+# hier: one host here, a local reduce + broadcast; shm: these ranks share a host
+# (over COLLX_TRANSPORT=tcp it is an error, and test_transports.py leaves it out)
+ALGORITHMS = ["ring", "tree", "star", "direct", "hier", "shm", "auto"]
 
 PREMUL_FACTOR = 0.5  # exact in every float dtype
 

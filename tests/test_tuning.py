@@ -51,8 +51,12 @@ def test_calibrated_then_cached(ws, tmp_path):
     assert all(r["tunings"][0].startswith("tuning from cache ") for r in again), again[0]["tunings"]
 
 
+# The table and file tests check the cost model's choices, so their ranks use
+# TCP: on shared memory auto takes the shm all-reduce from 64 KiB whatever the
+# model says (test_shm_takes_over_from_64_KiB).
 def test_table(tmp_path):
-    results = run_ranks(_groups, 2, timeout=60, env={"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": "table"})
+    results = run_ranks(_groups, 2, timeout=60,
+                        env={"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": "table", "COLLX_TRANSPORT": "tcp"})
     assert all(t.startswith("tuning from table: ") for r in results for t in r["tunings"]), results[0]["tunings"]
     assert all(r["choices"] == [torchcollx._C.choose_allreduce(2, 2, s) for s in SIZES] for r in results)
     assert not os.path.exists(tmp_path / "torchcollx")
@@ -72,10 +76,17 @@ hier 500 10
 def test_file(tmp_path):
     path = tmp_path / "tuning.txt"
     path.write_text(TUNING_FILE)
-    results = run_ranks(_groups, 3, timeout=60, env={"COLLX_TUNING": str(path)})
+    results = run_ranks(_groups, 3, timeout=60, env={"COLLX_TUNING": str(path), "COLLX_TRANSPORT": "tcp"})
     for r in results:
         assert r["tunings"][0].startswith(f"tuning from file {path}: "), r["tunings"]
         assert r["choices"] == ["direct"] * len(SIZES) and r["ok"]
+
+
+def test_shm_takes_over_from_64_KiB(tmp_path):
+    path = tmp_path / "tuning.txt"
+    path.write_text(TUNING_FILE)
+    for r in run_ranks(_groups, 3, timeout=60, env={"COLLX_TUNING": str(path)}):
+        assert r["choices"] == ["shm" if s >= 64 << 10 else "direct" for s in SIZES] and r["ok"], r["choices"]
 
 
 def _init_only(rank, ws):
