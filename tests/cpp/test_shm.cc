@@ -169,7 +169,7 @@ void testAbortWhileSenderBlocked() {
 void testWindowsAllreduceFailures() {
   Group g(3, over(shm::Mode::kShm));
   std::vector<std::string> errors(3);
-  std::vector<bool> untouched(3, false);
+  std::vector<char> untouched(3, 0);  // not vector<bool>: each rank writes its own element
   test::runRanks(3, [&](int r) {
     CHECK(g.devices[r]->sharedWindows() != nullptr, "a group on one host has shared windows");
     std::vector<float> buf(r == 2 ? 1000 : 1001, float(r + 1));

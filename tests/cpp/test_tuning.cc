@@ -4,6 +4,7 @@
 // ranks' caches differ, and refuses a tuning file that differs.
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -138,7 +139,7 @@ void testTuneGroup() {
   fa.file = a, fb.file = b;
   auto same = tuneAll(g, {fa, fa});
   CHECK(same[1].tuning.source == "file " + a, same[1].tuning.source);
-  int refused = 0;
+  std::atomic<int> refused{0};
   test::runRanks(2, [&](int r) {
     thread_local Workspace ws;
     Collective c{*g.devices[r], OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + std::chrono::seconds(60),
@@ -149,7 +150,7 @@ void testTuneGroup() {
       if (std::string(e.what()).find("differs between ranks") != std::string::npos) ++refused;
     }
   });
-  CHECK(refused == 2, "a tuning file that differs was refused on ", refused, " of 2 ranks");
+  CHECK(refused == 2, "a tuning file that differs was refused on ", refused.load(), " of 2 ranks");
   std::system(str("rm -rf ", dir).c_str());
 }
 

@@ -61,8 +61,8 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
       for (int r = 0; r < n; ++r) {
         if ((w->control(r).*which).load() < k) who += str(who.empty() ? "" : ", ", r);
       }
-      return str("peer(s) ", who, " to have ", step, " chunk ", k, " of ", name(c.kind), " #", c.seq,
-                 " in shared memory");
+      return str("peer(s) ", who, " to have ", step, " ", k, " chunk(s) in shared memory (", name(c.kind), " #",
+                 c.seq, ")");
     };
   };
 
