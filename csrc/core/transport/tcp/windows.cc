@@ -72,6 +72,9 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
   const Deadline spinUntil = Clock::now() + device_.spin_;
   for (uint32_t round = 1;; ++round) {
     if (ready()) return;
+    // Backend::shutdown with this op in flight: fail now ("shut down"), as a
+    // wait on the rings does when interrupt() closes their sockets.
+    if (device_.interrupted_) device_.breakWith(Error("interrupted"), false);
     const Deadline now = Clock::now();
     if (now >= deadline) {
       device_.breakWith(TimeoutError(str("collx rank ", device_.rank_, ": Timed out waiting for ", what())), true);
