@@ -222,6 +222,26 @@ void testWindowsAllreduceFailures() {
   });
   CHECK(error.find("closed by the peer") != std::string::npos, "got: ", error);
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the departed peer was noticed only at the deadline");
+
+  // Shut down (Backend::shutdown calls interrupt) while waiting on a peer
+  // that never comes: the op fails at once, not at its deadline.
+  Group down(2, over(shm::Mode::kShm));
+  start = Clock::now();
+  error.clear();
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    down.devices[0]->interrupt();
+  });
+  Collective c1{*down.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
+                1 << 16, 2, ws};
+  try {
+    shmAllreduce(c1, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  stopper.join();
+  CHECK(error.find("shut down") != std::string::npos, "got: ", error);
+  CHECK(Clock::now() - start < std::chrono::seconds(5), "a shutdown was noticed only at the deadline");
 }
 
 void testAttachErrors() {
