@@ -110,28 +110,38 @@ void testSetupNotes() {
   CHECK(shm::ringBytes(1024) == (64 << 10), "ring floor");
 }
 
-// A peer that closes (as a killed process's sockets do) while this rank
-// waits on it: the error comes at once and says so, not at the deadline.
-void testPeerGoneMidOp() {
+using AllreduceFn = void (*)(const Collective&, void*, size_t, ReduceFn);
+
+// Rank 0 of a new 2-rank group runs `allreduce` over `count` floats while
+// rank 1 closes its device after 50 ms (as a killed process's sockets
+// close); returns rank 0's error.
+std::string errorWhenPeerLeaves(AllreduceFn allreduce, size_t count) {
   Group g(2, over(shm::Mode::kShm));
   std::string error;
-  auto start = Clock::now();
   test::runRanks(2, [&](int r) {
     if (r == 1) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       g.devices[1]->close();
       return;
     }
-    std::vector<float> buf(1 << 20, 1.0f);
+    std::vector<float> buf(count, 1.0f);
     Workspace ws;
-    Collective c{*g.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(30),
+    Collective c{*g.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
                  1 << 16, 2, ws};
     try {
-      ringAllreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+      allreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
     } catch (const Error& e) {
       error = e.what();
     }
   });
+  return error;
+}
+
+// A peer that leaves while this rank waits on it: the error comes at once
+// and says so, not at the deadline.
+void testPeerGoneMidOp() {
+  auto start = Clock::now();
+  const std::string error = errorWhenPeerLeaves(ringAllreduce, 1 << 20);
   CHECK(error.find("closed by the peer") != std::string::npos, "got: ", error);
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
@@ -203,23 +213,8 @@ void testWindowsAllreduceFailures() {
   }
   CHECK(error.find("Timed out waiting for peer(s) 1 to have posted") != std::string::npos, "got: ", error);
 
-  Group gone(2, over(shm::Mode::kShm));
   auto start = Clock::now();
-  error.clear();
-  test::runRanks(2, [&](int r) {
-    if (r == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      gone.devices[1]->close();
-      return;
-    }
-    Collective c0{*gone.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1,
-                  Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
-    try {
-      shmAllreduce(c0, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  });
+  error = errorWhenPeerLeaves(shmAllreduce, 10);
   CHECK(error.find("closed by the peer") != std::string::npos, "got: ", error);
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the departed peer was noticed only at the deadline");
 
