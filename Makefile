@@ -50,7 +50,7 @@ bench: build
 	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py
 
 # PyTorch's own distributed suite (distributed_test.py in the wheel) on gloo and
-# on collx standing in for gloo, side by side per family (tens of minutes each).
+# on collx standing in for gloo, side by side per family (about 5 minutes; CI runs it).
 torch-suite: build
 	$(VENV)/bin/pip install -q expecttest
 	$(PY) scripts/torch_suite.py --world-size 2
