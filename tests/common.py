@@ -30,6 +30,16 @@ BITWISE_OPS = ["BAND", "BOR", "BXOR"]
 # hier: one host here, a local reduce + broadcast; shm: these ranks share a host
 # (over COLLX_TRANSPORT=tcp it is an error, and test_transports.py leaves it out)
 ALGORITHMS = ["ring", "tree", "star", "direct", "hier", "shm", "auto"]
+# From this size (the op's whole buffer on one rank) auto's all-reduce,
+# broadcast, all_gather and reduce_scatter run in shared memory when every rank
+# of the group is on this host with shared memory (algorithms/allreduce.cc).
+SHM_MIN_BYTES = 64 << 10
+
+
+def on_shm(group=None) -> bool:
+    """Whether a collx group's ranks share memory (COLLX_TRANSPORT auto or shm)."""
+    backend = (group or dist.group.WORLD)._get_backend(torch.device("cpu"))
+    return backend.transport.startswith("shared memory")
 
 PREMUL_FACTOR = 0.5  # exact in every float dtype
 

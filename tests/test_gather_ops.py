@@ -29,7 +29,7 @@ from collectives_common import (  # noqa: E402
     _data,
     _split,
 )
-from common import DTYPES, dtype_name, mismatch, suite_test  # noqa: E402
+from common import DTYPES, SHM_MIN_BYTES, dtype_name, mismatch, on_shm, suite_test  # noqa: E402
 
 
 def _labels_delta(group, before):
@@ -44,7 +44,8 @@ def _labels_delta(group, before):
 def check_broadcast(rank, ws, fail):
     """Every root, every dtype, counts 0/1/7/1000, and ~4 MB from every root,
     on the world group and on a group whose cost model prefers a chain tree
-    (tree_arity=1) for large messages: the stats label says which ran."""
+    (tree_arity=1) for large messages: the stats label says which ran (shm
+    from SHM_MIN_BYTES where the group shares memory)."""
     for root in range(ws):
         for dtype in DTYPES:
             for count in COUNTS:
@@ -60,6 +61,8 @@ def check_broadcast(rank, ws, fail):
         # configured arity and a chain (k = 1) by depth(k)*30us + bytes*k/1000:
         # at n=2 direct and chain coincide (labelled direct); at 4 MB a chain otherwise.
         large_label = "broadcast/direct" if ws == 2 else "broadcast/chain"
+        if on_shm(g) and 4 * MIB4 >= SHM_MIN_BYTES:
+            large_label = "broadcast/shm"
         for root in range(ws):
             for count, want_label in ((1000, "broadcast/direct"), (MIB4, large_label)):
                 t = _data(rank, torch.float32, count, root) if rank == root else torch.zeros(count)
@@ -78,7 +81,8 @@ def check_broadcast(rank, ws, fail):
 
 def check_all_gather(rank, ws, fail):
     """all_gather (list) for every dtype and count, and a block > 256 KiB (the
-    ring at n > 2); vs local values and vs gloo."""
+    ring at n > 2 over TCP, shm where the group shares memory); vs local values
+    and vs gloo."""
     for dtype in DTYPES:
         for count in COUNTS:
             x = _data(rank, dtype, count, 11)
@@ -91,8 +95,9 @@ def check_all_gather(rank, ws, fail):
                     fail(f"all_gather {dtype_name(dtype)} count={count}: block of rank {r}: {m}")
                 if m := mismatch(outs[r], ref[r]):
                     fail(f"all_gather {dtype_name(dtype)} count={count}: vs gloo, block {r}: {m}")
-    for count, want in ((1000, "all_gather/direct"),
-                        (RING_BLOCK, "all_gather/direct" if ws == 2 else "all_gather/ring")):
+    ring = "all_gather/shm" if on_shm() and 4 * RING_BLOCK * ws >= SHM_MIN_BYTES else (
+        "all_gather/direct" if ws == 2 else "all_gather/ring")
+    for count, want in ((1000, "all_gather/direct"), (RING_BLOCK, ring)):
         x = _data(rank, torch.float32, count, 12)
         outs = [torch.empty(count) for _ in range(ws)]
         before = torchcollx.get_stats()["algorithms"]

@@ -5,7 +5,8 @@ Every other test of this suite runs on the default, auto, which puts ranks on
 one host on shared memory; test_transports.py runs the main suites over TCP.
 Here: the choice itself, a peer that cannot be attached (the pair falls back
 to TCP with one warning, or init fails clearly under transport=shm), nothing
-left in /dev/shm, and no descriptor, mapping or thread leaked over 50 groups.
+left in /dev/shm, no descriptor, mapping or thread leaked over 50 groups, and
+reduce_scatter, all_gather and broadcast in shared memory against TCP.
 """
 from __future__ import annotations
 
@@ -128,3 +129,63 @@ def test_no_descriptor_mapping_or_thread_leaks_over_50_groups():
         assert during[1] == before[1] + 3, f"rank {rank}: a group of 3 maps its segment and its 2 peers': {during}"
         assert after == before, f"rank {rank}: (fds, segments, threads) {before} before, {after} after 50 groups"
     assert set(os.listdir("/dev/shm")) == before_shm, "collx left something in /dev/shm"
+
+
+SHM_MIN = 64 << 10  # bytes: from here auto runs the collectives in shared memory
+
+
+def _labels_since(group, before):
+    now = torchcollx.get_stats(group)["algorithms"]
+    return sorted(k for k, v in now.items() if v["calls"] > before.get(k, {"calls": 0})["calls"])
+
+
+def _moving_collectives(rank, ws):
+    """reduce_scatter, all_gather and broadcast at sizes around the shm
+    threshold and over many window chunks, on the world group (shared memory)
+    and on a TCP group: the values must equal the locally computed ones and
+    each other, and the labels say which path ran. Integer-valued floats, so
+    sums are exact in any order."""
+    tcp = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="tcp"))
+    out = []
+    for nbytes in (SHM_MIN - 4 * ws, SHM_MIN + 4 * ws, 3 * (1 << 20) + 4 * 7 * ws):
+        total = nbytes // 4 // ws * ws  # float32 elements of the whole buffer
+        block = total // ws
+        results = {}
+        for name, g in (("shm", None), ("tcp", tcp)):
+            labels, got = [], {}
+            x = (torch.arange(total, dtype=torch.float32) % 1000) * (rank + 1)
+            before = torchcollx.get_stats(g)["algorithms"]
+            rs = torch.empty(block)
+            dist.reduce_scatter_tensor(rs, x, group=g)
+            got["reduce_scatter"] = rs
+            ag = torch.empty(total)
+            dist.all_gather_into_tensor(ag, x[rank * block:(rank + 1) * block].clone(), group=g)
+            got["all_gather"] = ag
+            for root in range(ws):
+                b = x.clone() if rank == root else torch.zeros(total)
+                dist.broadcast(b, src=root, group=g)
+                got[f"broadcast from {root}"] = b
+            labels = _labels_since(g, before)
+            results[name] = (labels, got)
+        base = torch.arange(total, dtype=torch.float32) % 1000
+        want = {"reduce_scatter": base[rank * block:(rank + 1) * block] * (ws * (ws + 1) // 2),
+                "all_gather": torch.cat([base[r * block:(r + 1) * block] * (r + 1) for r in range(ws)])}
+        want.update({f"broadcast from {r}": base * (r + 1) for r in range(ws)})
+        for name, (labels, got) in results.items():
+            for op, w in want.items():
+                assert torch.equal(got[op], w), f"{name} {op} of {nbytes} B on rank {rank}"
+        out.append((4 * total, results["shm"][0], results["tcp"][0]))
+    dist.destroy_process_group(tcp)
+    return out
+
+
+@pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
+def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws):
+    for rank_result in run_ranks(_moving_collectives, ws, timeout=120, env=TABLE):
+        for nbytes, shm_labels, tcp_labels in rank_result:
+            assert not any(label.endswith("/shm") for label in tcp_labels), tcp_labels
+            on_shm = [label for label in shm_labels if label.endswith("/shm")]
+            if nbytes >= SHM_MIN:
+                assert on_shm == ["all_gather/shm", "broadcast/shm", "reduce_scatter/shm"], (nbytes, shm_labels)
+            else:
+                assert not on_shm, (nbytes, shm_labels)

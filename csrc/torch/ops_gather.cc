@@ -22,6 +22,7 @@ std::string allgatherInto(const Collective& c, const at::Tensor& input, at::Tens
   const int64_t n = input.numel();
   flat.narrow(0, c.rank() * n, n).copy_(input.reshape(-1));
   collx::allgather(c, flat.data_ptr(), size_t(n));
+  if (useSharedWindows(c.transport, size_t(flat.nbytes()))) return "all_gather/shm";
   return allgatherDirect(c.size(), size_t(input.nbytes())) ? "all_gather/direct" : "all_gather/ring";
 }
 
@@ -50,6 +51,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& 
     auto body = [flat, outputs, root](const Collective& c) {
       collx::broadcast(c, flat.data_ptr(), size_t(flat.numel()), root);
       if (flat.data_ptr() != outputs[0].data_ptr()) outputs[0].copy_(flat);
+      if (useSharedWindows(c.transport, size_t(flat.nbytes()))) return std::string("broadcast/shm");
       return treeLabel("broadcast", c, size_t(flat.nbytes()));
     };
     return enqueue(c10d::OpType::BROADCAST, OpKind::kBroadcast, dtype, outputs, opTimeout(opts.timeout, timeout_),

@@ -134,10 +134,26 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
   });
 }
 
-// Reduce-scatter of `work` (n blocks of `out`'s size, a private copy) into `out`.
-static std::string reduceScatterInto(const Collective& c, const ResolvedOp& r, DataType dtype, at::Tensor& work,
-                                     const at::Tensor& out) {
-  size_t block = size_t(out.numel());
+// Reduce-scatter of `blocks` (n tensors of `out`'s size) into `out`. In
+// shared memory it reads the blocks where they lie; the ring needs a private
+// copy of them, which it reduces in place.
+static std::string reduceScatterInto(Workspace& copies, const Collective& c, const ResolvedOp& r, DataType dtype,
+                                     const std::vector<at::Tensor>& blocks, const at::Tensor& out) {
+  const size_t block = size_t(out.numel());
+  if (!r.premul && useSharedWindows(c.transport, block * size_t(c.size()) * elementSize(dtype))) {
+    std::vector<at::Tensor> ins;
+    std::vector<const void*> ptrs;
+    for (const auto& b : blocks) {
+      ins.push_back(contiguousOf(b));
+      ptrs.push_back(ins.back().data_ptr());
+    }
+    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+    shmReduceScatter(c, ptrs, dst.data_ptr(), block, r.fn);
+    if (r.average) divideInPlace(dtype, dst.data_ptr(), block, c.size());
+    if (!dst.is_same(out)) out.copy_(dst);
+    return "reduce_scatter/shm";
+  }
+  at::Tensor work = flatCopy(copies, blocks);
   withScaling(r, dtype, work.data_ptr(), block * c.size(), c.size(),
               [&] { reduceScatter(c, work.data_ptr(), block, r.fn); });
   out.copy_(work.narrow(0, int64_t(block) * c.rank(), int64_t(block)).view(out.sizes()));
@@ -160,8 +176,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
     checkSameShape(inputs[0], outputs[0], op, rank_, "input");
     const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
     auto body = [this, in = inputs[0], out = outputs[0], r, dtype](const Collective& c) {
-      at::Tensor work = flatCopy(copies_, in);
-      return reduceScatterInto(c, r, dtype, work, out);
+      return reduceScatterInto(copies_, c, r, dtype, in, out);
     };
     return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
                    opTimeout(opts.timeout, timeout_), std::move(body));
@@ -198,8 +213,12 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
     auto body = [this, ins = inputs, outs = outputs, r, dtype](const Collective& c) {
       std::string label;
       for (size_t i = 0; i < ins.size(); ++i) {
-        at::Tensor work = flatCopy(copies_, {ins[i]});  // a private copy, taken when the op runs
-        label = reduceScatterInto(c, r, dtype, work, outs[i]);
+        // The blocks are read when the op runs.
+        const int64_t block = outs[i].numel();
+        const at::Tensor flat = ins[i].reshape(-1);
+        std::vector<at::Tensor> blocks;
+        for (int r = 0; r < c.size(); ++r) blocks.push_back(flat.narrow(0, r * block, block));
+        label = reduceScatterInto(copies_, c, r, dtype, blocks, outs[i]);
       }
       return label;
     };

@@ -58,28 +58,33 @@ void testMaxInt64(Group& g, uint64_t& seq, Algorithm algo, size_t count) {
   });
 }
 
-void testBroadcast(Group& g, uint64_t& seq, size_t count, int root, size_t seg, int arity) {
+using BroadcastFn = void (*)(const Collective&, void*, size_t, int);
+using AllgatherFn = void (*)(const Collective&, void*, size_t);
+using ReduceScatterFn = void (*)(const Collective&, void*, size_t, ReduceFn);
+
+void testBroadcast(Group& g, uint64_t& seq, size_t count, int root, size_t seg, int arity,
+                   BroadcastFn run = broadcast) {
   int n = int(g.devices.size());
   ++seq;
   test::runRanks(n, [&](int r) {
     std::vector<int32_t> buf(count, -1);
     if (r == root) for (size_t i = 0; i < count; ++i) buf[i] = int32_t(i * 13 + root);
     auto c = make(*g.devices[r], OpKind::kBroadcast, DataType::kInt32, seq, seg, arity);
-    broadcast(c, buf.data(), count, root);
+    run(c, buf.data(), count, root);
     for (size_t i = 0; i < count; ++i) {
       CHECK(buf[i] == int32_t(i * 13 + root), "bcast n=", n, " root=", root, " rank=", r, " i=", i);
     }
   });
 }
 
-void testAllgather(Group& g, uint64_t& seq, size_t block, size_t seg) {
+void testAllgather(Group& g, uint64_t& seq, size_t block, size_t seg, AllgatherFn run = allgather) {
   int n = int(g.devices.size());
   ++seq;
   test::runRanks(n, [&](int r) {
     std::vector<uint8_t> out(block * n, 0);
     for (size_t i = 0; i < block; ++i) out[r * block + i] = uint8_t(r * 37 + i);
     auto c = make(*g.devices[r], OpKind::kAllgather, DataType::kUInt8, seq, seg, 2);
-    allgather(c, out.data(), block);
+    run(c, out.data(), block);
     for (int q = 0; q < n; ++q) {
       for (size_t i = 0; i < block; ++i) {
         CHECK(out[q * block + i] == uint8_t(q * 37 + i), "allgather n=", n, " rank=", r);
@@ -105,14 +110,14 @@ void testReduce(Group& g, uint64_t& seq, size_t count, int root, size_t seg) {
   });
 }
 
-void testReduceScatter(Group& g, uint64_t& seq, size_t block, size_t seg) {
+void testReduceScatter(Group& g, uint64_t& seq, size_t block, size_t seg, ReduceScatterFn run = reduceScatter) {
   int n = int(g.devices.size());
   ++seq;
   test::runRanks(n, [&](int r) {
     std::vector<float> buf(block * n);
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = valueOf(r, i);
     auto c = make(*g.devices[r], OpKind::kReduceScatter, DataType::kFloat32, seq, seg, 2);
-    reduceScatter(c, buf.data(), block, cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    run(c, buf.data(), block, cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
     for (size_t i = r * block; i < (r + 1) * block; ++i) {
       float want = 0;
       for (int q = 0; q < n; ++q) want += valueOf(q, i);
@@ -216,6 +221,24 @@ void sweep(int n, shm::Mode transport) {
     testReduceScatter(g, seq, std::min<size_t>(count, 30001), 4096);
     for (int root = 0; root < n; ++root) testReduce(g, seq, std::min<size_t>(count, 30001), root, 1024);
     if (count == counts[5]) for (int root = 0; root < n; ++root) testReduce(g, seq, count, root, 1 << 16);
+    if (transport == shm::Mode::kShm && n > 1) {
+      // The shared-memory forms at every count, below the size where the
+      // entry points take them too, and over many chunks of a window.
+      for (int root = 0; root < n; ++root) testBroadcast(g, seq, count, root, 0, 0, shmBroadcast);
+      testAllgather(g, seq, count == counts[5] ? 3 * count + 5 : count, 0, shmAllgather);
+      // Out of place too: the inputs stay untouched.
+      testReduceScatter(g, seq, std::min<size_t>(count, 300007), 0, [](const Collective& c, void* buf, size_t block,
+                                                                       ReduceFn fn) {
+        const size_t bytes = block * elementSize(c.dtype);
+        const std::vector<char> in(static_cast<char*>(buf), static_cast<char*>(buf) + bytes * size_t(c.size()));
+        std::vector<const void*> blocks;
+        for (int r = 0; r < c.size(); ++r) blocks.push_back(in.data() + size_t(r) * bytes);
+        std::vector<char> out(bytes);
+        shmReduceScatter(c, blocks, out.data(), block, fn);
+        CHECK(std::memcmp(in.data(), buf, in.size()) == 0, "the inputs changed");
+        if (bytes > 0) std::memcpy(static_cast<char*>(buf) + size_t(c.rank()) * bytes, out.data(), bytes);
+      });
+    }
   }
   testAllgather(g, seq, 300000, 64 << 10);  // large blocks take the ring
   testAllToAll(g, seq, 1);

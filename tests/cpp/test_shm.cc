@@ -239,6 +239,89 @@ void testWindowsAllreduceFailures() {
   CHECK(Clock::now() - start < std::chrono::seconds(5), "a shutdown was noticed only at the deadline");
 }
 
+// The other collectives in shared windows check the op's identity too, the
+// root of a broadcast included: ranks that disagree fail before any of them
+// writes a byte of its buffer.
+void testWindowsMismatch() {
+  Group g(3, over(shm::Mode::kShm));
+  std::vector<std::string> errors(3);
+  std::vector<char> untouched(3, 0);
+  test::runRanks(3, [&](int r) {
+    const size_t block = 5000;
+    std::vector<int32_t> buf(3 * block, r + 1);
+    Workspace ws;
+    Collective c{*g.devices[r], r == 2 ? OpKind::kAllgather : OpKind::kBroadcast, DataType::kInt32, 1,
+                 Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
+    try {
+      if (r == 2) {
+        shmAllgather(c, buf.data(), block);
+      } else {
+        shmBroadcast(c, buf.data(), buf.size(), r);  // each thinks itself the root
+      }
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+    untouched[r] = std::all_of(buf.begin(), buf.end(), [&](int32_t v) { return v == r + 1; });
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(errors[r].find("mismatched collective") != std::string::npos ||
+              errors[r].find("aborted the group") != std::string::npos,
+          "rank ", r, ": ", errors[r]);
+    CHECK(untouched[r], "rank ", r, ": its buffer was written despite the mismatch");
+  }
+  CHECK(errors[0].find("root 1") != std::string::npos || errors[0].find("all_gather") != std::string::npos,
+        "rank 0 names what the peer runs: ", errors[0]);
+}
+
+// The shared-memory collectives back to back, each rank running on without
+// waiting for the others between ops, one of them lagging now and then: a
+// rank may post its next op's first chunk before a slower peer has checked
+// this one's identity (which once read as a mismatch), and every value must
+// still come out right.
+void testWindowsBackToBack() {
+  const int n = 3;
+  Group g(n, over(shm::Mode::kShm));
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
+    for (uint64_t seq = 1; seq <= 600; ++seq) {
+      if (r == int(seq % n) && seq % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const size_t block = 1 + seq % 5 * 1000;
+      const OpKind kinds[] = {OpKind::kReduceScatter, OpKind::kAllgather, OpKind::kBroadcast, OpKind::kAllreduce};
+      const OpKind kind = kinds[seq % 4];
+      Collective c{*g.devices[r], kind, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20), 1 << 16, 2,
+                   ws};
+      std::vector<int32_t> buf(n * block);
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = int32_t(i % 101) * (r + 1);
+      const int root = int(seq % n);
+      auto want = [&](size_t i) {  // element i of the result, where this rank has one
+        const int32_t v = int32_t(i % 101);
+        switch (kind) {
+          case OpKind::kBroadcast: return v * (root + 1);
+          case OpKind::kAllgather: return v * int32_t(i / block + 1);
+          default: return v * (n * (n + 1) / 2);
+        }
+      };
+      size_t lo = 0, hi = buf.size();
+      switch (kind) {
+        case OpKind::kReduceScatter: {
+          std::vector<const void*> blocks;
+          for (int q = 0; q < n; ++q) blocks.push_back(buf.data() + size_t(q) * block);
+          shmReduceScatter(c, blocks, buf.data() + size_t(r) * block, block, sum);
+          lo = r * block, hi = lo + block;
+          break;
+        }
+        case OpKind::kAllgather: shmAllgather(c, buf.data(), block); break;
+        case OpKind::kBroadcast: shmBroadcast(c, buf.data(), buf.size(), root); break;
+        default: shmAllreduce(c, buf.data(), buf.size(), sum);
+      }
+      for (size_t i = lo; i < hi; ++i) {
+        CHECK(buf[i] == want(i), name(kind), " #", seq, " rank ", r, " element ", i, ": ", buf[i], " != ", want(i));
+      }
+    }
+  });
+}
+
 void testAttachErrors() {
   bool threw = false;
   try {
@@ -301,6 +384,8 @@ int main() {
   testPeerGoneMidOp();
   testAbortWhileSenderBlocked();
   testWindowsAllreduceFailures();
+  testWindowsMismatch();
+  testWindowsBackToBack();
   testAttachErrors();
   testNoLeaks();
   std::printf("shm: group setup, peer gone, errors, leaks ok\n");

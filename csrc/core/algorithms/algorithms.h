@@ -32,6 +32,11 @@ void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceF
 // memory); writes buf by copies after reducing in the windows, like hier.
 void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 
+// Whether auto and the entry points below take the shared-memory forms for
+// an op of `bytes` (its whole buffer on one rank): where the transport has
+// shared windows, from a size where they beat messages over the rings.
+bool useSharedWindows(const Transport& t, size_t bytes);
+
 // The ranks of a group by host (Transport::host): hosts in order of their
 // lowest rank, ranks ascending within a host, so ranks[h][0] is host h's leader.
 struct HostLayout {
@@ -48,8 +53,9 @@ Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm a
 // Runs `algo` (resolved as above) and returns the one that ran.
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn);
 
-// Broadcast of `count` elements from `root`: direct sends or a pipelined
-// tree, whichever the cost model prefers for the size.
+// Broadcast of `count` elements from `root`: in shared memory where
+// useSharedWindows, else direct sends or a pipelined tree, whichever the
+// cost model prefers for the size.
 void broadcast(const Collective& c, void* buf, size_t count, int root);
 
 // Reduce to `root` (direct or tree, by size). Only the root's buffer holds the
@@ -58,14 +64,25 @@ void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn)
 
 // All-gather of `blockCount` elements per rank: rank r's block sits at
 // out + r·blockCount elements on entry; on return every block is everywhere.
-// Direct exchange for small blocks, ring for large ones.
+// In shared memory where useSharedWindows, else direct exchange for small
+// blocks, ring for large ones.
 void allgather(const Collective& c, void* out, size_t blockCount);
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
 
-// Ring reduce-scatter: `buf` holds n blocks of `blockCount` elements; on
-// return block r of rank r holds the reduction of everyone's block r (the
-// other blocks are scratch).
+// Reduce-scatter: `buf` holds n blocks of `blockCount` elements; on return
+// block r of rank r holds the reduction of everyone's block r (the other
+// blocks are scratch). In shared memory where useSharedWindows, else a ring.
 void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn);
+
+// The shared-memory forms (shm_collectives.cc), which need
+// Transport::sharedWindows(); the entry points above choose them by size.
+void shmBroadcast(const Collective& c, void* buf, size_t count, int root);
+void shmAllgather(const Collective& c, void* out, size_t blockCount);
+// Its reduce-scatter reads the n input blocks where they lie and writes this
+// rank's result to `out` (which may be blocks[rank]); the inputs stay as
+// they were, so a caller needs no private copy of them.
+void shmReduceScatter(const Collective& c, const std::vector<const void*>& blocks, void* out, size_t blockCount,
+                      ReduceFn fn);
 
 // One message of a direct exchange: to or from `peer`, with its own frame.
 struct Transfer {

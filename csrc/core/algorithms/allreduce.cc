@@ -30,9 +30,11 @@ Algorithm parseAlgorithm(const char* s) {
   throw Error(str("collx: unknown algorithm '", s, "' (expected auto, ring, tree, star, direct, hier or shm)"));
 }
 
+bool useSharedWindows(const Transport& t, size_t bytes) { return bytes >= kShmMinBytes && t.sharedWindows(); }
+
 Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes) {
   if (algo != Algorithm::kAuto) return algo;
-  if (bytes >= kShmMinBytes && t.sharedWindows()) return Algorithm::kShm;
+  if (useSharedWindows(t, bytes)) return Algorithm::kShm;
   return chooseAllreduce(tuning, t.size(), t.hostCount(), treeArity, bytes);
 }
 

@@ -28,6 +28,7 @@ void exchange(const Collective& c, const std::vector<Transfer>& sends,
 void allgather(const Collective& c, void* out, size_t blockCount) {
   const int n = c.size(), rank = c.rank();
   const size_t blockBytes = blockCount * elementSize(c.dtype);
+  if (useSharedWindows(c.transport, blockBytes * size_t(n))) return shmAllgather(c, out, blockCount);
   if (!allgatherDirect(n, blockBytes)) return ringAllgather(c, out, blockCount);
   auto block = [&](int r) { return static_cast<char*>(out) + size_t(r) * blockBytes; };
   std::vector<Transfer> sends, recvs;

@@ -123,7 +123,9 @@ void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
 void broadcast(const Collective& c, void* buf, size_t count, int root) {
   COLLX_CHECK(root >= 0 && root < c.size(), "collx rank ", c.rank(), ": broadcast root ", root,
               " is out of range for a group of size ", c.size());
-  int arity = chooseTreeArity(c.costs(), c.size(), c.treeArity, count * elementSize(c.dtype));
+  const size_t bytes = count * elementSize(c.dtype);
+  if (useSharedWindows(c.transport, bytes)) return shmBroadcast(c, buf, count, root);
+  int arity = chooseTreeArity(c.costs(), c.size(), c.treeArity, bytes);
   treePass(c, static_cast<char*>(buf), count, root, arity, nullptr, true);
 }
 

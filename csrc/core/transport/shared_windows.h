@@ -1,6 +1,6 @@
 // Memory that every rank of a group can read and write in place, for
 // algorithms that work on their peers' data where it lies instead of sending
-// it (algorithms/shm_allreduce.cc). A transport offers it only when every
+// it (algorithms/shm_chunks.h). A transport offers it only when every
 // rank of the group runs on this host and the pairs are linked by shared
 // memory; else Transport::sharedWindows() is null.
 //
@@ -30,12 +30,16 @@ struct alignas(64) WindowControl {
   char pad2[56];
   std::atomic<uint64_t> gathered;
   char pad3[56];
-  // The op of this rank's last posted chunk, which every peer checks before
-  // any result is written: sequence number, element count, kind, dtype.
-  std::atomic<uint64_t> seq;
-  std::atomic<uint64_t> count;
-  std::atomic<uint32_t> kind;
-  std::atomic<uint32_t> dtype;
+  // The op of the chunk in each half, which every peer checks before any
+  // result is written. Per half: a rank may post its next chunk, in the other
+  // half, before a slower peer has checked this one.
+  struct Op {
+    std::atomic<uint64_t> seq;    // the group's sequence number of the op
+    std::atomic<uint64_t> count;  // its element count
+    std::atomic<uint32_t> kind;
+    std::atomic<uint32_t> dtype;
+    std::atomic<uint32_t> root;   // a broadcast's
+  } op[2];
 };
 
 class SharedWindows {

@@ -1,0 +1,94 @@
+#include "shm_chunks.h"
+
+#include "../error.h"
+
+namespace collx {
+
+namespace {
+
+SharedWindows& windowsOf(const Collective& c) {
+  SharedWindows* w = c.transport.sharedWindows();
+  COLLX_CHECK(w, "collx rank ", c.rank(), ": ", name(c.kind), " in shared memory needs every rank on this host, ",
+              "linked by shared memory (COLLX_TRANSPORT=auto or shm)");
+  return *w;
+}
+
+std::string describeOp(uint64_t seq, uint64_t count, uint32_t kind, uint32_t dtype, uint32_t root) {
+  return str(name(OpKind(kind)), " #", seq, " (", count, " x ", name(DataType(dtype)),
+             OpKind(kind) == OpKind::kBroadcast ? str(", root ", root) : std::string(), ")");
+}
+
+}  // namespace
+
+ShmChunks::ShmChunks(const Collective& c, uint64_t count, uint32_t root)
+    : c_(c), w_(windowsOf(c)), mine_(w_.control(c.rank())), count_(count), root_(root) {}
+
+void ShmChunks::waitAll(Counter which, uint64_t k, const char* step) {
+  const int n = c_.size();
+  SharedWindows& w = w_;
+  w.waitFor(
+      [&w, which, k, n] {
+        for (int r = 0; r < n; ++r) {
+          if ((w.control(r).*which).load(std::memory_order_seq_cst) < k) return false;
+        }
+        return true;
+      },
+      c_.deadline,
+      [&] {
+        std::string who;
+        for (int r = 0; r < n; ++r) {
+          if ((w.control(r).*which).load() < k) who += str(who.empty() ? "" : ", ", r);
+        }
+        return str("peer(s) ", who, " to have ", step, " ", k, " chunk(s) in shared memory (", name(c_.kind), " #",
+                   c_.seq, ")");
+      });
+}
+
+void ShmChunks::begin() {
+  k_ = mine_.posted.load(std::memory_order_relaxed);
+  if (k_ >= 2) waitAll(&WindowControl::gathered, k_ - 1, "gathered");
+}
+
+void ShmChunks::post() {
+  WindowControl::Op& op = mine_.op[k_ % 2];
+  op.seq.store(c_.seq, std::memory_order_relaxed);
+  op.count.store(count_, std::memory_order_relaxed);
+  op.kind.store(uint32_t(c_.kind), std::memory_order_relaxed);
+  op.dtype.store(uint32_t(c_.dtype), std::memory_order_relaxed);
+  op.root.store(root_, std::memory_order_relaxed);
+  mine_.posted.store(k_ + 1, std::memory_order_seq_cst);
+  w_.publish();
+  waitAll(&WindowControl::posted, k_ + 1, "posted");
+  checkIdentity();
+}
+
+void ShmChunks::checkIdentity() {
+  for (int r = 0; r < c_.size(); ++r) {
+    const WindowControl::Op& p = w_.control(r).op[k_ % 2];
+    const uint64_t seq = p.seq.load(), count = p.count.load();
+    const uint32_t kind = p.kind.load(), dtype = p.dtype.load(), root = p.root.load();
+    if (seq != c_.seq || count != count_ || kind != uint32_t(c_.kind) || dtype != uint32_t(c_.dtype) ||
+        root != root_) {
+      w_.fail(str("collx rank ", c_.rank(), ": mismatched collective with peer ", r, ": peer runs ",
+                  describeOp(seq, count, kind, dtype, root), ", this rank ",
+                  describeOp(c_.seq, count_, uint32_t(c_.kind), uint32_t(c_.dtype), root_),
+                  ". Every rank must call the same collectives in the same order with the same sizes and dtypes."));
+    }
+  }
+}
+
+void ShmChunks::reduced() {
+  mine_.reduced.store(k_ + 1, std::memory_order_seq_cst);
+  w_.publish();
+  waitAll(&WindowControl::reduced, k_ + 1, "reduced");
+}
+
+void ShmChunks::gathered() {
+  // Ops without a reduction step move `reduced` along too, so that an
+  // all-reduce after them waits for the right count.
+  mine_.reduced.store(k_ + 1, std::memory_order_relaxed);
+  mine_.gathered.store(k_ + 1, std::memory_order_seq_cst);
+  w_.publish();
+}
+
+}  // namespace collx

@@ -1,0 +1,58 @@
+// The chunk protocol of the shared-memory collectives (shm_allreduce.cc,
+// shm_collectives.cc): a large buffer streams through every rank's window in
+// chunks, the two halves of each window alternating, with three counter
+// rounds that every rank's control block publishes:
+//
+//   begin()     wait until every rank has gathered chunk k-2: this half is
+//               free in every window (a rank may fill chunk k while the
+//               peers still read chunk k-1 in the other half)
+//   ... fill my half ...
+//   post()      post chunk k with the op's identity, wait until every rank
+//               has posted it, check that every rank runs this very op;
+//               nothing of the result is written before this returns
+//   ... reduce my share in the windows (all-reduce only) ...
+//   reduced()   wait until every rank has reduced chunk k
+//   ... read the peers' halves ...
+//   gathered()  this rank is done reading chunk k
+//
+// The counters grow across ops, whatever op ran before, so every rank's
+// chunk k is in the same half.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "../transport/shared_windows.h"
+#include "collective.h"
+
+namespace collx {
+
+class ShmChunks {
+ public:
+  // `count` and `root` (broadcast's) join the op's identity.
+  ShmChunks(const Collective& c, uint64_t count, uint32_t root = 0);
+
+  size_t halfBytes() const { return w_.halfBytes(); }
+  // This chunk's half of rank r's window.
+  char* half(int r) const { return w_.window(r) + size_t(k_ % 2) * w_.halfBytes(); }
+
+  void begin();
+  void post();
+  void reduced();
+  void gathered();
+
+ private:
+  using Counter = std::atomic<uint64_t> WindowControl::*;
+  // Waits until every rank's `which` has reached `k`.
+  void waitAll(Counter which, uint64_t k, const char* step);
+  void checkIdentity();
+
+  const Collective& c_;
+  SharedWindows& w_;
+  WindowControl& mine_;
+  const uint64_t count_;
+  const uint32_t root_;
+  uint64_t k_ = 0;  // this chunk's number, counted across the group's ops
+};
+
+}  // namespace collx
