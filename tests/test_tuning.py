@@ -52,8 +52,8 @@ def test_calibrated_then_cached(ws, tmp_path):
 
 
 # The table and file tests check the cost model's choices, so their ranks use
-# TCP: on shared memory auto takes the shm all-reduce from 64 KiB whatever the
-# model says (test_shm_takes_over_from_64_KiB).
+# TCP: on shared memory auto takes the shm all-reduce up to 4 KiB and from
+# 64 KiB whatever the model says (test_shm_takes_over_the_small_and_large).
 def test_table(tmp_path):
     results = run_ranks(_groups, 2, timeout=60,
                         env={"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": "table", "COLLX_TRANSPORT": "tcp"})
@@ -82,11 +82,12 @@ def test_file(tmp_path):
         assert r["choices"] == ["direct"] * len(SIZES) and r["ok"]
 
 
-def test_shm_takes_over_from_64_KiB(tmp_path):
+def test_shm_takes_over_the_small_and_large(tmp_path):
     path = tmp_path / "tuning.txt"
     path.write_text(TUNING_FILE)
     for r in run_ranks(_groups, 3, timeout=60, env={"COLLX_TUNING": str(path)}):
-        assert r["choices"] == ["shm" if s >= 64 << 10 else "direct" for s in SIZES] and r["ok"], r["choices"]
+        want = ["shm" if s <= 4 << 10 or s >= 64 << 10 else "direct" for s in SIZES]
+        assert r["choices"] == want and r["ok"], r["choices"]
 
 
 def _init_only(rank, ws):

@@ -24,12 +24,14 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
                                                            std::chrono::milliseconds timeout) {
   const DataType dtype = checkTensor(outputs[0], "all_reduce", rank_);
   // A leader of the hierarchical all-reduce writes its buffer before reducing
-  // into it, and the shm one reduces in its windows (algorithms.h).
+  // into it, and the shm one reduces in its windows (algorithms.h). On shared
+  // memory auto may take shm for any chunk of a pipelined tensor, whatever it
+  // takes for the whole.
   size_t bytes = 0;
   for (const auto& t : outputs) bytes += t.nbytes();
   const Algorithm resolved = resolveAllreduce(*device_, tuning_, algo, config_.treeArity, bytes);
-  const bool intoTensor = !Staging::current() ||
-                          (resolved != Algorithm::kHierarchical && resolved != Algorithm::kShm);
+  const bool mayRunShm = resolved == Algorithm::kShm || (algo == Algorithm::kAuto && device_->sharedWindows());
+  const bool intoTensor = !Staging::current() || (resolved != Algorithm::kHierarchical && !mayRunShm);
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] {
     return resolveOp(op, dtype, "all_reduce", rank_, intoTensor);
   });

@@ -18,6 +18,7 @@
 #include "../../csrc/core/transport/tcp/device.h"
 #include "check.h"
 #include "group.h"
+#include "memory_store.h"
 
 using namespace collx;
 
@@ -322,6 +323,90 @@ void testWindowsBackToBack() {
   });
 }
 
+// Rank 1 rejects op #1 (cancels it) while rank 0, its root, sends and so
+// finishes it; both then run a one-round shm all-reduce #2, which needs no
+// message. Both must fail it, as they would over TCP, with the cause:
+// rank 0 with rank 1's reason, rank 1 because rank 0 ran what it rejected.
+void testCancelBeforeWindowsOp() {
+  Group g(2, over(shm::Mode::kShm));
+  std::vector<std::string> errors(2);
+  test::runRanks(2, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    Workspace ws;
+    const Deadline deadline = Clock::now() + std::chrono::seconds(20);
+    std::vector<float> buf(8, 1.0f);
+    try {
+      if (r == 1) {
+        d.cancel(1, OpKind::kBroadcast, "the root was out of range here", deadline);
+      } else {
+        Collective c{d, OpKind::kBroadcast, DataType::kFloat32, 1, deadline, 1 << 16, 2, ws};
+        broadcast(c, buf.data(), buf.size(), 0);
+      }
+    } catch (const Error& e) {
+      errors[r] = str("#1: ", e.what());
+      return;
+    }
+    Collective c{d, OpKind::kAllreduce, DataType::kFloat32, 2, deadline, 1 << 16, 2, ws};
+    try {
+      shmAllreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  CHECK(errors[0].find("peer 1 did not run broadcast #1, which failed there: the root was out of range here") !=
+            std::string::npos,
+        "rank 0: ", errors[0]);
+  CHECK(errors[1].find("which this rank rejected") != std::string::npos ||
+            errors[1].find("aborted the group") != std::string::npos,
+        "rank 1: ", errors[1]);
+}
+
+// A Store as one rank sees it, where a peer's segment address reads as a
+// failure to create it: the pair of that rank and peer cannot link.
+class HidingStore : public Store {
+ public:
+  HidingStore(Store& inner, std::string key) : inner_(inner), key_(std::move(key)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_.set(key, value); }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    auto value = inner_.get(key, timeout);
+    if (key.size() >= key_.size() && key.compare(key.size() - key_.size(), key_.size(), key_) == 0) {
+      const std::string failed = "-hidden by the test";
+      return {failed.begin(), failed.end()};
+    }
+    return value;
+  }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_.add(key, delta); }
+
+ private:
+  Store& inner_;
+  std::string key_;
+};
+
+// Pair 1-2 cannot link while 0-1 and 0-2 can: rank 0 alone would have every
+// window and run the shm all-reduce while 1 and 2 ran another, until the
+// deadline. The ranks agree instead: no rank has windows, and auto runs
+// alike everywhere.
+void testOnePairUnlinked() {
+  const int n = 3;
+  test::MemoryStore store;
+  HidingStore hiding(store, "shm/2");
+  std::vector<std::unique_ptr<tcp::Device>> devices(n);
+  test::runRanks(n, [&](int r) {
+    devices[r] = std::make_unique<tcp::Device>(r == 1 ? static_cast<Store&>(hiding) : store, r, n, over(shm::Mode::kAuto));
+  });
+  CHECK(devices[0]->transportNote().find("shared memory with 2 local peer(s)") == 0, devices[0]->transportNote());
+  CHECK(devices[1]->shmUnavailable() && devices[2]->shmUnavailable(), "pair 1-2 fell back to TCP");
+  test::runRanks(n, [&](int r) {
+    CHECK(devices[r]->sharedWindows() == nullptr, "rank ", r, " has shared windows, though pair 1-2 did not link");
+    std::vector<float> buf(1 << 20, float(r + 1));
+    Workspace ws;
+    Collective c{*devices[r], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
+                 1 << 16, 2, ws};
+    allreduce(c, Algorithm::kAuto, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    CHECK(buf.front() == 6.0f && buf.back() == 6.0f, "rank ", r, ": got ", buf.front());
+  });
+}
+
 void testAttachErrors() {
   bool threw = false;
   try {
@@ -386,6 +471,8 @@ int main() {
   testWindowsAllreduceFailures();
   testWindowsMismatch();
   testWindowsBackToBack();
+  testOnePairUnlinked();
+  testCancelBeforeWindowsOp();
   testAttachErrors();
   testNoLeaks();
   std::printf("shm: group setup, peer gone, errors, leaks ok\n");

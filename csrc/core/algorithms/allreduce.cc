@@ -10,9 +10,10 @@ namespace collx {
 
 namespace {
 constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct", "hier", "shm"};
-// From this size auto takes the shared-memory all-reduce where it can; below
-// it the cost model's choice (a single exchange, or a tree) is as fast or
-// faster than three rounds of counters. Measured on 2 cores: at n=4, shm/tree
+// From this size auto takes the shared-memory collectives where it can;
+// below it (down to kShmOneRoundBytes for the all-reduce) the cost model's
+// choice (a single exchange, or a tree) is as fast or faster than three
+// rounds of counters. Measured on 2 cores: at n=4, shm/tree
 // 1.04x at 64 KiB, 0.44x at 256 KiB, 0.51x at 16 MiB; at n=2 shm/ring 1.0x
 // at 64 KiB to 1 MiB, 0.82x at 64 MiB.
 constexpr size_t kShmMinBytes = 64 << 10;
@@ -34,7 +35,7 @@ bool useSharedWindows(const Transport& t, size_t bytes) { return bytes >= kShmMi
 
 Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes) {
   if (algo != Algorithm::kAuto) return algo;
-  if (useSharedWindows(t, bytes)) return Algorithm::kShm;
+  if (useSharedWindows(t, bytes) || (bytes <= kShmOneRoundBytes && t.sharedWindows())) return Algorithm::kShm;
   return chooseAllreduce(tuning, t.size(), t.hostCount(), treeArity, bytes);
 }
 

@@ -13,6 +13,10 @@
 //   rank 1 window  [ s0 | s1 | s2 ]   into its own s1, then everyone copies
 //   rank 2 window  [ s0 | s1 | s2 ]   s0 from rank 0, s1 from 1, s2 from 2.
 //
+// A small buffer takes one round instead: every rank posts all of it, then
+// folds the n windows in rank order, so that every rank computes the
+// bit-identical ((b0 + b1) + b2) + ..., as the direct all-reduce does.
+//
 // An empty buffer still runs one empty chunk: its identity is checked too.
 #include <algorithm>
 #include <cstring>
@@ -28,6 +32,18 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
   const size_t es = elementSize(c.dtype);
   const size_t chunkElems = std::max<size_t>(1, chunks.halfBytes() / es);
   char* const out = static_cast<char*>(buf);
+
+  if (count * es <= std::min(kShmOneRoundBytes, chunks.halfBytes())) {
+    chunks.begin();
+    std::memcpy(chunks.half(me), out, count * es);
+    chunks.post();
+    std::memcpy(out, chunks.half(0), count * es);
+    for (int r = 1; r < n; ++r) {
+      if (count > 0) fn(out, chunks.half(r), count);
+    }
+    chunks.gathered();
+    return;
+  }
 
   for (size_t done = 0; done < count || done == 0;) {
     const size_t len = std::min(chunkElems, count - done);

@@ -45,6 +45,7 @@ void ShmChunks::waitAll(Counter which, uint64_t k, const char* step) {
 }
 
 void ShmChunks::begin() {
+  w_.checkGroup(c_.seq);
   k_ = mine_.posted.load(std::memory_order_relaxed);
   if (k_ >= 2) waitAll(&WindowControl::gathered, k_ - 1, "gathered");
 }
@@ -59,6 +60,9 @@ void ShmChunks::post() {
   mine_.posted.store(k_ + 1, std::memory_order_seq_cst);
   w_.publish();
   waitAll(&WindowControl::posted, k_ + 1, "posted");
+  // A peer posts after its earlier messages left: a cancel of an op it
+  // rejected, or the data of one this rank rejected, is in its channel now.
+  w_.checkGroup(c_.seq);
   checkIdentity();
 }
 

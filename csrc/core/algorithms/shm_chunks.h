@@ -8,7 +8,8 @@
 //               peers still read chunk k-1 in the other half)
 //   ... fill my half ...
 //   post()      post chunk k with the op's identity, wait until every rank
-//               has posted it, check that every rank runs this very op;
+//               has posted it, check that every rank runs this very op and
+//               that no peer rejected an earlier one (its cancel frame);
 //               nothing of the result is written before this returns
 //   ... reduce my share in the windows (all-reduce only) ...
 //   reduced()   wait until every rank has reduced chunk k

@@ -51,6 +51,12 @@ class SharedWindows {
   virtual char* window(int rank) = 0;
   virtual WindowControl& control(int rank) = 0;
 
+  // Throws the error that broke the group, if one did (a broken rank must
+  // not post, or its peers would take its data for this op's), or breaks it
+  // if a peer failed, or rejected an op up to #seq that this rank ran: its
+  // abort or cancel frame, or a message of an op this rank rejected, waits
+  // in the peer's channel.
+  virtual void checkGroup(uint64_t seq) = 0;
   // After this rank moved a counter: wakes the peers that sleep.
   virtual void publish() = 0;
   // Spins, then sleeps, until ready(); checks the peers' health meanwhile.

@@ -175,6 +175,17 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     result.windows[size_t(rank)] = own->data() + windowAt;
     result.segments.push_back(own);
   }
+  // 5. The windows serve collectives of the whole group, which every rank
+  //    must run alike: when all ranks share this host, they use them only if
+  //    every pair linked, which each rank tells the others.
+  if (int(peers.size()) == size - 1) {
+    store.set(key + "linked/" + std::to_string(rank), bytesOf(failures.empty() ? "1" : "0"));
+    bool everyPair = failures.empty();
+    for (int peer : peers) {
+      everyPair = store.get(key + "linked/" + std::to_string(peer), timeout) == bytesOf("1") && everyPair;
+    }
+    if (!everyPair) std::fill(result.windows.begin(), result.windows.end(), nullptr);
+  }
 
   if (!failures.empty()) {
     result.unavailable = true;

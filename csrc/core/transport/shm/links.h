@@ -10,7 +10,9 @@
 //      group's secret token, owner rank and layout;
 //   3. over the pair's TCP socket it says whether step 2 worked and reads the
 //      peer's answer: a pair uses shared memory only if both sides can;
-//   4. it closes its segment's fd; from then on nobody can attach.
+//   4. it closes its segment's fd; from then on nobody can attach;
+//   5. where every rank is on this host, the ranks agree whether every pair
+//      linked: only then does the group get shared windows.
 //
 // Each pair has rings for both channels of the mesh: the ordered collectives
 // and point-to-point. Memory is bounded per group, whatever the tensor
@@ -53,7 +55,8 @@ struct LocalLinks {
   // Per rank, for each channel; null: TCP (other host, self, or no shm).
   std::vector<std::unique_ptr<Link>> collectives, p2p;
   // Per rank: its window area (control page, then the halves), mapped here;
-  // null where there are no rings (and for self when there are none at all).
+  // null where there are no rings (and for self when there are none at all),
+  // and for every rank unless every pair of an all-local group linked.
   std::vector<char*> windows;
   std::vector<std::shared_ptr<Segment>> segments;  // keep `windows` mapped
   std::string note;  // one line on what was set up or why not, for the log

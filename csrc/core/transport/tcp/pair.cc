@@ -96,7 +96,7 @@ void Pair::progressSend(std::vector<uint64_t>& done) {
   }
 }
 
-bool Pair::fill(size_t want) {
+bool Pair::fill(size_t want, bool endIsError) {
   if (rxEnd_ - rxBegin_ >= want) return true;
   if (rxBegin_ > 0) {
     memmove(rx_.data(), rx_.data() + rxBegin_, rxEnd_ - rxBegin_);
@@ -108,6 +108,7 @@ bool Pair::fill(size_t want) {
     if (rc > 0) {
       rxEnd_ += size_t(rc);
     } else if (rc == 0) {
+      if (!endIsError) return false;
       fail("was closed by the peer (peer process exited or destroyed its group)", 0);
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return false;
@@ -212,6 +213,14 @@ void Pair::throwSalvagedAbort() {
   }
 }
 
+void Pair::throwIfRejectedHere(const FrameHeader& h) const {
+  if (cancelled_ && cancelled_->count(h.seq)) {
+    throw Error(str("collx rank ", rank_, ": peer ", peer_, " ran ",
+                    describe(OpKind(h.kind), DataType(h.dtype), h.seq, h.tag, h.bytes),
+                    ", which this rank rejected (its input was invalid here), so the group is out of step"));
+  }
+}
+
 void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {
   if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
   if (h.magic != kFrameMagic) {
@@ -220,11 +229,7 @@ void Pair::checkHeader(const FrameHeader& h, const RecvOp& op) {
                     describe(op.expect.kind, op.expect.dtype, op.expect.seq, op.expect.tag,
                              op.bytes)));
   }
-  if (h.seq != op.expect.seq && cancelled_ && cancelled_->count(h.seq)) {
-    throw Error(str("collx rank ", rank_, ": peer ", peer_, " ran ",
-                    describe(OpKind(h.kind), DataType(h.dtype), h.seq, h.tag, h.bytes),
-                    ", which this rank rejected (its input was invalid here), so the group is out of step"));
-  }
+  if (h.seq != op.expect.seq) throwIfRejectedHere(h);
   if (h.kind != uint8_t(op.expect.kind) || h.dtype != uint8_t(op.expect.dtype) ||
       h.seq != op.expect.seq || h.tag != op.expect.tag || h.bytes != op.bytes) {
     throw Error(str("collx rank ", rank_, ": mismatched collective with peer ", peer_,
@@ -285,14 +290,15 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
   }
 }
 
-void Pair::checkControl() {
+void Pair::checkControl(uint64_t upTo, bool endIsError) {
   FrameHeader h;
   do {
-    if (!fill(sizeof(FrameHeader))) return;
+    if (!fill(sizeof(FrameHeader), endIsError)) return;
     memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
     if (h.magic != kFrameMagic) return;
     if (h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
-  } while (h.kind == uint8_t(OpKind::kCancel) && skipCancel(h));
+    if (h.kind != uint8_t(OpKind::kCancel)) throwIfRejectedHere(h);  // never to be received
+  } while (h.kind == uint8_t(OpKind::kCancel) && h.seq <= upTo && skipCancel(h));
 }
 
 std::string Pair::describePending() const {

@@ -4,6 +4,8 @@
 // rings for a peer on this host). The Device's poll loop drives it.
 #pragma once
 
+#include <cstdint>
+
 #include <deque>
 #include <memory>
 #include <set>
@@ -43,12 +45,15 @@ class Pair {
   void progressSend(std::vector<uint64_t>& done);
   void progressRecv(std::vector<uint64_t>& done);
 
-  // For a pair this rank only sends to: reads what the peer sent meanwhile and
-  // throws if it is an abort, a cancel of an op not cancelled here, or the
-  // end of the connection, so that a sender blocked on a peer that will not
-  // read fails now with the peer's reason. Anything else is left for the
-  // receive that will check it.
-  void checkControl();
+  // For a pair this rank only sends to, or waits on in shared memory: reads
+  // what the peer sent meanwhile and throws if it is an abort, a cancel of an
+  // op not cancelled here, a message of an op this rank rejected (which no
+  // receive will ever take), or the end of the connection, so that a rank
+  // blocked on a peer that will not come fails now with the peer's reason.
+  // Anything else is left for the receive that will check it, and so is a
+  // cancel of an op after `upTo`, which this rank may yet reject too.
+  // `endIsError` false: the end of the connection is no error either.
+  void checkControl(uint64_t upTo = UINT64_MAX, bool endIsError = true);
   bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
 
   // A short description of what this pair still waits for, for timeouts.
@@ -83,11 +88,13 @@ class Pair {
 
   // Ensures at least `want` bytes sit in the receive buffer; false if the
   // socket has no more right now.
-  bool fill(size_t want);
+  bool fill(size_t want, bool endIsError = true);
   void checkHeader(const FrameHeader& h, const RecvOp& op);
   // At a cancel frame: false if it is not complete yet; true once a frame for
   // a collective this rank cancelled too is consumed; throws for any other.
   bool skipCancel(const FrameHeader& h);
+  // Throws if `h` belongs to a collective this rank cancelled.
+  void throwIfRejectedHere(const FrameHeader& h) const;
   // Throws the reason carried by a peer's abort frame.
   [[noreturn]] void throwAbort(const FrameHeader& h);
   // After a send failed because the peer closed: its abort frame may still sit

@@ -93,6 +93,19 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
   }
 }
 
+void Device::Windows::checkGroup(uint64_t seq) {
+  device_.throwIfBroken();
+  try {
+    for (auto& p : device_.pairs_) {
+      // A peer that posted may have finished the op and left: its end is no
+      // error here (a wait on it would notice it).
+      if (p) p->checkControl(seq, false);
+    }
+  } catch (const Error& e) {
+    device_.breakWith(e, false);
+  }
+}
+
 void Device::Windows::fail(const std::string& why) { device_.breakWith(Error(why), false); }
 
 }  // namespace collx::tcp

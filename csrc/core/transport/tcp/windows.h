@@ -17,6 +17,7 @@ class Device::Windows : public SharedWindows {
   size_t halfBytes() const override { return shm::kWindowHalfBytes; }
   char* window(int rank) override { return areas_.at(size_t(rank)) + kControlBytes; }
   WindowControl& control(int rank) override { return *reinterpret_cast<WindowControl*>(areas_.at(size_t(rank))); }
+  void checkGroup(uint64_t seq) override;
   void publish() override;
   void waitFor(const std::function<bool()>& ready, Deadline deadline,
                const std::function<std::string()>& what) override;
