@@ -219,7 +219,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
         const int64_t block = outs[i].numel();
         const at::Tensor flat = ins[i].reshape(-1);
         std::vector<at::Tensor> blocks;
-        for (int r = 0; r < c.size(); ++r) blocks.push_back(flat.narrow(0, r * block, block));
+        for (int q = 0; q < c.size(); ++q) blocks.push_back(flat.narrow(0, q * block, block));
         label = reduceScatterInto(copies_, c, r, dtype, blocks, outs[i]);
       }
       return label;

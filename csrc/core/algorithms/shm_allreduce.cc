@@ -16,8 +16,6 @@
 // A small buffer takes one round instead: every rank posts all of it, then
 // folds the n windows in rank order, so that every rank computes the
 // bit-identical ((b0 + b1) + b2) + ..., as the direct all-reduce does.
-//
-// An empty buffer still runs one empty chunk: its identity is checked too.
 #include <algorithm>
 #include <cstring>
 
@@ -30,24 +28,21 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
   ShmChunks chunks(c, count);
   const int n = c.size(), me = c.rank();
   const size_t es = elementSize(c.dtype);
-  const size_t chunkElems = std::max<size_t>(1, chunks.halfBytes() / es);
   char* const out = static_cast<char*>(buf);
 
-  if (count * es <= std::min(kShmOneRoundBytes, chunks.halfBytes())) {
-    chunks.begin();
-    std::memcpy(chunks.half(me), out, count * es);
-    chunks.post();
-    std::memcpy(out, chunks.half(0), count * es);
-    for (int r = 1; r < n; ++r) {
-      if (count > 0) fn(out, chunks.half(r), count);
-    }
-    chunks.gathered();
+  if (count * es <= std::min(kShmOneRoundBytes, chunks.halfElems() * es)) {
+    chunks.forEach(count, std::max<size_t>(count, 1), [&](size_t, size_t len) {
+      std::memcpy(chunks.half(me), out, len * es);
+      chunks.post();
+      std::memcpy(out, chunks.half(0), len * es);
+      for (int r = 1; r < n; ++r) {
+        if (len > 0) fn(out, chunks.half(r), len);
+      }
+    });
     return;
   }
 
-  for (size_t done = 0; done < count || done == 0;) {
-    const size_t len = std::min(chunkElems, count - done);
-    chunks.begin();
+  chunks.forEach(count, chunks.halfElems(), [&](size_t done, size_t len) {
     std::memcpy(chunks.half(me), out + done * es, len * es);
     chunks.post();
     auto sliceAt = [&](int r) { return len * size_t(r) / size_t(n); };
@@ -62,9 +57,7 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
       const size_t a = sliceAt(r), b = sliceAt(r + 1);
       std::memcpy(out + (done + a) * es, chunks.half(r) + a * es, (b - a) * es);
     }
-    chunks.gathered();
-    done += std::max<size_t>(len, 1);
-  }
+  });
 }
 
 }  // namespace collx

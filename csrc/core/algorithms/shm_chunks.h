@@ -3,6 +3,8 @@
 // chunks, the two halves of each window alternating, with three counter
 // rounds that every rank's control block publishes:
 //
+// forEach() runs a chunk at a time between begin() and gathered():
+//
 //   begin()     wait until every rank has gathered chunk k-2: this half is
 //               free in every window (a rank may fill chunk k while the
 //               peers still read chunk k-1 in the other half)
@@ -20,6 +22,7 @@
 // chunk k is in the same half.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -33,16 +36,32 @@ class ShmChunks {
   // `count` and `root` (broadcast's) join the op's identity.
   ShmChunks(const Collective& c, uint64_t count, uint32_t root = 0);
 
-  size_t halfBytes() const { return w_.halfBytes(); }
+  // Elements of the op's dtype that half a window holds (at least one).
+  size_t halfElems() const { return std::max<size_t>(1, w_.halfBytes() / elementSize(c_.dtype)); }
   // This chunk's half of rank r's window.
   char* half(int r) const { return w_.window(r) + size_t(k_ % 2) * w_.halfBytes(); }
 
-  void begin();
+  // Runs body(done, len) for elements [done, done + len) of `count`, in
+  // chunks of at most `chunkElems`, each between begin() and gathered(); the
+  // body posts (and reduces). An empty op still runs one empty chunk, so
+  // that its identity is checked too.
+  template <class Body>
+  void forEach(size_t count, size_t chunkElems, Body&& body) {
+    for (size_t done = 0; done < count || done == 0;) {
+      const size_t len = std::min(chunkElems, count - done);
+      begin();
+      body(done, len);
+      gathered();
+      done += std::max<size_t>(len, 1);
+    }
+  }
+
   void post();
   void reduced();
-  void gathered();
 
  private:
+  void begin();
+  void gathered();
   using Counter = std::atomic<uint64_t> WindowControl::*;
   // Waits until every rank's `which` has reached `k`.
   void waitAll(Counter which, uint64_t k, const char* step);

@@ -7,19 +7,14 @@
 //     1. copy piece j of every block j != me into my half; post
 //     2. out's piece = my block's piece + piece me of every peer's half,
 //        in rank order
-//     3. gathered
 //
 //   all-gather (rank r's block at out + r·block)
 //     1. copy a piece of my block into my half; post
 //     2. copy the same piece of every peer's block from its half
-//     3. gathered
 //
 //   broadcast
 //     1. the root copies a piece of the buffer into its half; post
 //     2. every other rank copies it out of the root's half
-//     3. gathered
-//
-// An empty op still runs one empty chunk, so its identity is checked too.
 #include <algorithm>
 #include <cstring>
 
@@ -36,14 +31,12 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
   COLLX_CHECK(int(blocks.size()) == n, "collx rank ", me, ": reduce_scatter needs ", n, " blocks, got ",
               blocks.size());
   const size_t es = elementSize(c.dtype);
-  const size_t pieceElems = chunks.halfBytes() / es / size_t(n);
+  const size_t pieceElems = chunks.halfElems() / size_t(n);  // a half holds one piece of every block
   COLLX_CHECK(pieceElems > 0, "collx rank ", me, ": a shared window is too small for ", n, " ranks");
   auto block = [&](int r) { return static_cast<const char*>(blocks[size_t(r)]); };
   char* const result = static_cast<char*>(out);
 
-  for (size_t done = 0; done < blockCount || done == 0;) {
-    const size_t len = std::min(pieceElems, blockCount - done);
-    chunks.begin();
+  chunks.forEach(blockCount, pieceElems, [&](size_t done, size_t len) {
     for (int r = 0; r < n; ++r) {
       if (r != me) std::memcpy(chunks.half(me) + size_t(r) * len * es, block(r) + done * es, len * es);
     }
@@ -53,30 +46,23 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
     for (int r = 0; r < n; ++r) {
       if (r != me && len > 0) fn(dst, chunks.half(r) + size_t(me) * len * es, len);
     }
-    chunks.gathered();
-    done += std::max<size_t>(len, 1);
-  }
+  });
 }
 
 void shmAllgather(const Collective& c, void* out, size_t blockCount) {
   ShmChunks chunks(c, blockCount);
   const int n = c.size(), me = c.rank();
   const size_t es = elementSize(c.dtype);
-  const size_t chunkElems = std::max<size_t>(1, chunks.halfBytes() / es);
   char* const blocks = static_cast<char*>(out);
   auto block = [&](int r) { return blocks + size_t(r) * blockCount * es; };
 
-  for (size_t done = 0; done < blockCount || done == 0;) {
-    const size_t len = std::min(chunkElems, blockCount - done);
-    chunks.begin();
+  chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
     std::memcpy(chunks.half(me), block(me) + done * es, len * es);
     chunks.post();
     for (int r = 0; r < n; ++r) {
       if (r != me) std::memcpy(block(r) + done * es, chunks.half(r), len * es);
     }
-    chunks.gathered();
-    done += std::max<size_t>(len, 1);
-  }
+  });
 }
 
 void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {
@@ -85,18 +71,13 @@ void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {
   ShmChunks chunks(c, count, uint32_t(root));
   const bool isRoot = c.rank() == root;
   const size_t es = elementSize(c.dtype);
-  const size_t chunkElems = std::max<size_t>(1, chunks.halfBytes() / es);
   char* const data = static_cast<char*>(buf);
 
-  for (size_t done = 0; done < count || done == 0;) {
-    const size_t len = std::min(chunkElems, count - done);
-    chunks.begin();
+  chunks.forEach(count, chunks.halfElems(), [&](size_t done, size_t len) {
     if (isRoot) std::memcpy(chunks.half(root), data + done * es, len * es);
     chunks.post();
     if (!isRoot) std::memcpy(data + done * es, chunks.half(root), len * es);
-    chunks.gathered();
-    done += std::max<size_t>(len, 1);
-  }
+  });
 }
 
 }  // namespace collx
