@@ -36,6 +36,15 @@ ALGORITHMS = ["ring", "tree", "star", "direct", "hier", "shm", "auto"]
 SHM_MIN_BYTES = 64 << 10
 
 
+def labels_delta(group, before):
+    """{label: calls} of the collx group's stats that grew since ``before``
+    (an earlier ``torchcollx.get_stats(group)["algorithms"]``)."""
+    import torchcollx
+    now = torchcollx.get_stats(group)["algorithms"]
+    return {k: v["calls"] - before.get(k, {"calls": 0})["calls"] for k, v in now.items()
+            if v["calls"] > before.get(k, {"calls": 0})["calls"]}
+
+
 def on_shm(group=None) -> bool:
     """Whether a collx group's ranks share memory (COLLX_TRANSPORT auto or shm)."""
     backend = (group or dist.group.WORLD)._get_backend(torch.device("cpu"))

@@ -29,14 +29,15 @@ from collectives_common import (  # noqa: E402
     _data,
     _split,
 )
-from common import DTYPES, SHM_MIN_BYTES, dtype_name, mismatch, on_shm, suite_test  # noqa: E402
-
-
-def _labels_delta(group, before):
-    """{label: calls} of the collx group's stats that grew since ``before``."""
-    now = torchcollx.get_stats(group)["algorithms"]
-    return {k: v["calls"] - before.get(k, {"calls": 0})["calls"] for k, v in now.items()
-            if v["calls"] > before.get(k, {"calls": 0})["calls"]}
+from common import (  # noqa: E402
+    DTYPES,
+    SHM_MIN_BYTES,
+    dtype_name,
+    labels_delta,
+    mismatch,
+    on_shm,
+    suite_test,
+)
 
 
 # ------------------------------------------------------------------ broadcast
@@ -68,7 +69,7 @@ def check_broadcast(rank, ws, fail):
                 t = _data(rank, torch.float32, count, root) if rank == root else torch.zeros(count)
                 before = torchcollx.get_stats(g)["algorithms"]
                 dist.broadcast(t, src=root, group=g)
-                labels = _labels_delta(g, before)
+                labels = labels_delta(g, before)
                 if m := mismatch(t, _data(root, torch.float32, count, root)):
                     fail(f"{gname}: broadcast root={root} float32 count={count}: {m}")
                 if labels != {want_label: 1}:
@@ -102,7 +103,7 @@ def check_all_gather(rank, ws, fail):
         outs = [torch.empty(count) for _ in range(ws)]
         before = torchcollx.get_stats()["algorithms"]
         dist.all_gather(outs, x)
-        labels = _labels_delta(None, before)
+        labels = labels_delta(None, before)
         for r in range(ws):
             if m := mismatch(outs[r], _data(r, torch.float32, count, 12)):
                 fail(f"all_gather float32 count={count}: block of rank {r}: {m}")

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 torchcollx = pytest.importorskip("torchcollx")
 
+from common import SHM_MIN_BYTES, labels_delta  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 TABLE = {"COLLX_TUNING": "table"}  # no calibration cache to read or write as another user
@@ -131,14 +132,6 @@ def test_no_descriptor_mapping_or_thread_leaks_over_50_groups():
     assert set(os.listdir("/dev/shm")) == before_shm, "collx left something in /dev/shm"
 
 
-SHM_MIN = 64 << 10  # bytes: from here auto runs the collectives in shared memory
-
-
-def _labels_since(group, before):
-    now = torchcollx.get_stats(group)["algorithms"]
-    return sorted(k for k, v in now.items() if v["calls"] > before.get(k, {"calls": 0})["calls"])
-
-
 def _moving_collectives(rank, ws):
     """reduce_scatter, all_gather and broadcast at sizes around the shm
     threshold and over many window chunks, on the world group (shared memory)
@@ -147,7 +140,7 @@ def _moving_collectives(rank, ws):
     sums are exact in any order."""
     tcp = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="tcp"))
     out = []
-    for nbytes in (SHM_MIN - 4 * ws, SHM_MIN + 4 * ws, 3 * (1 << 20) + 4 * 7 * ws):
+    for nbytes in (SHM_MIN_BYTES - 4 * ws, SHM_MIN_BYTES + 4 * ws, 3 * (1 << 20) + 4 * 7 * ws):
         total = nbytes // 4 // ws * ws  # float32 elements of the whole buffer
         block = total // ws
         results = {}
@@ -165,7 +158,7 @@ def _moving_collectives(rank, ws):
                 b = x.clone() if rank == root else torch.zeros(total)
                 dist.broadcast(b, src=root, group=g)
                 got[f"broadcast from {root}"] = b
-            labels = _labels_since(g, before)
+            labels = sorted(labels_delta(g, before))
             results[name] = (labels, got)
         base = torch.arange(total, dtype=torch.float32) % 1000
         want = {"reduce_scatter": base[rank * block:(rank + 1) * block] * (ws * (ws + 1) // 2),
@@ -185,7 +178,7 @@ def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws):
         for nbytes, shm_labels, tcp_labels in rank_result:
             assert not any(label.endswith("/shm") for label in tcp_labels), tcp_labels
             on_shm = [label for label in shm_labels if label.endswith("/shm")]
-            if nbytes >= SHM_MIN:
+            if nbytes >= SHM_MIN_BYTES:
                 assert on_shm == ["all_gather/shm", "broadcast/shm", "reduce_scatter/shm"], (nbytes, shm_labels)
             else:
                 assert not on_shm, (nbytes, shm_labels)
