@@ -1,5 +1,6 @@
 """Peers that die or stall, with real processes: a rank SIGKILLed before or
-during a 64 MB all_reduce, and a rank stopped with SIGSTOP. The survivors must
+during a 64 MB all_reduce (or, over shared memory, a 64 MB all_gather, whose
+ranks may read each other's buffers in place), and a rank stopped with SIGSTOP. The survivors must
 raise DistBackendError naming the op, their rank and the peer: a dead peer
 within 5 s (the group timeout is 60 s, so it is not the timeout that fires), a
 stalled one at the per-op timeout, else at the group timeout. A later op on
@@ -39,12 +40,17 @@ def _attempt(fn):
 
 # ------------------------------------------------------------------ dead peer
 
-def _dead_peer(rank, ws, victim, when, stamp):
-    """The victim SIGKILLs itself, `when` = "before" the survivors' all_reduce
+def _dead_peer(rank, ws, victim, when, stamp, op):
+    """The victim SIGKILLs itself, `when` = "before" the survivors' `op`
     or "during" a loop of them; it writes the kill time to `stamp` first."""
     x = torch.ones(1000)
     dist.all_reduce(x)  # the group works
-    big = torch.ones(BIG)
+    if op == "all_reduce":
+        big = torch.ones(BIG)
+        run = lambda: dist.all_reduce(big)  # noqa: E731
+    else:
+        out, block = torch.empty(BIG // ws * ws), torch.ones(BIG // ws)
+        run = lambda: dist.all_gather_into_tensor(out, block)  # noqa: E731
 
     def die():
         with open(stamp, "w") as f:
@@ -56,12 +62,12 @@ def _dead_peer(rank, ws, victim, when, stamp):
             die()
         threading.Timer(0.3, die).start()
         while True:
-            dist.all_reduce(big)
+            run()
     if when == "before":
         time.sleep(0.5)
     first = None
     for _ in range(200):  # "during": back-to-back ops until the kill lands
-        first = _attempt(lambda: dist.all_reduce(big))
+        first = _attempt(run)
         if first[0] != "ok":
             break
     with open(stamp) as f:
@@ -76,14 +82,14 @@ def _dead_peer(rank, ws, victim, when, stamp):
             "destroy_took": destroy_took, "initialized": dist.is_initialized()}
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport,op", [("shm", "all_reduce"), ("tcp", "all_reduce"), ("shm", "all_gather")])
 @pytest.mark.parametrize("when", ["before", "during"])
 @pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
-def test_dead_peer_fails_every_survivor_fast(ws, when, transport, tmp_path):
+def test_dead_peer_fails_every_survivor_fast(ws, when, transport, op, tmp_path):
     victim = 1
     dev_shm = set(os.listdir("/dev/shm"))
     res = run_ranks(_dead_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
-                    args=(victim, when, str(tmp_path / "killed_at")), env={"COLLX_TRANSPORT": transport})
+                    args=(victim, when, str(tmp_path / "killed_at"), op), env={"COLLX_TRANSPORT": transport})
     assert set(os.listdir("/dev/shm")) == dev_shm, "a killed rank left something in /dev/shm"
     assert isinstance(res[victim], Died) and "SIGKILL" in res[victim], res[victim]
     for rank, r in enumerate(res):
@@ -94,7 +100,7 @@ def test_dead_peer_fails_every_survivor_fast(ws, when, transport, tmp_path):
         report = f"rank {rank} ({when}, ws={ws}): {kind} {took:.2f} s after the kill: {msg}"
         print(report)
         assert kind == "DistBackendError", report
-        assert "all_reduce" in msg and f"rank {rank}" in msg, report
+        assert op in msg and f"rank {rank}" in msg, report
         assert f"peer {victim}" in msg or "aborted the group" in msg, report
         assert took <= 5.0, report
         kind2, msg2, _ = r["later"]

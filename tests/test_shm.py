@@ -6,12 +6,15 @@ one host on shared memory; test_transports.py runs the main suites over TCP.
 Here: the choice itself, a peer that cannot be attached (the pair falls back
 to TCP with one warning, or init fails clearly under transport=shm), nothing
 left in /dev/shm, no descriptor, mapping or thread leaked over 50 groups, and
-reduce_scatter, all_gather and broadcast in shared memory against TCP.
+reduce_scatter, all_gather and broadcast in shared memory against TCP, with
+and without cross-memory attach (COLLX_SHM_CMA), and a rank whose policy
+refuses it (every rank then does without).
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import platform
 
 import pytest
 import torch
@@ -169,12 +172,20 @@ def _moving_collectives(rank, ws):
                 assert torch.equal(got[op], w), f"{name} {op} of {nbytes} B on rank {rank}"
         out.append((4 * total, results["shm"][0], results["tcp"][0]))
     dist.destroy_process_group(tcp)
-    return out
+    return _backend().transport, out
 
 
+# The 3 MB point's all-gather has blocks over a window half: with
+# cross-memory attach the ranks read them from each other's buffers.
+@pytest.mark.parametrize("cma", ["1", "0"], ids=lambda v: f"cma{v}")
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
-def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws):
-    for rank_result in run_ranks(_moving_collectives, ws, timeout=120, env=TABLE):
+def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):
+    res = run_ranks(_moving_collectives, ws, timeout=120, env={**TABLE, "COLLX_SHM_CMA": cma})
+    notes = {note for note, _ in res}
+    assert len(notes) == 1, f"the ranks disagree on cross-memory attach: {notes}"
+    if cma == "0":
+        assert "cross-memory attach" not in notes.pop()
+    for _, rank_result in res:
         for nbytes, shm_labels, tcp_labels in rank_result:
             assert not any(label.endswith("/shm") for label in tcp_labels), tcp_labels
             on_shm = [label for label in shm_labels if label.endswith("/shm")]
@@ -182,3 +193,49 @@ def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws):
                 assert on_shm == ["all_gather/shm", "broadcast/shm", "reduce_scatter/shm"], (nbytes, shm_labels)
             else:
                 assert not on_shm, (nbytes, shm_labels)
+
+
+def _refuse_cross_memory_attach():
+    """A seccomp filter that fails process_vm_readv with EPERM, as a hardened
+    container's policy may, while /proc/<pid>/fd stays open to the peers."""
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    nr_process_vm_readv, eperm = 310, 1
+    insns = (Filter * 4)(
+        Filter(0x20, 0, 0, 0),                     # load the syscall number
+        Filter(0x15, 0, 1, nr_process_vm_readv),   # process_vm_readv?
+        Filter(0x06, 0, 0, 0x00050000 | eperm),    # yes: fail with EPERM
+        Filter(0x06, 0, 0, 0x7FFF0000))            # no: allow
+    prog = Program(len(insns), insns)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
+
+
+def _one_rank_refuses(rank, ws):
+    allowed = _backend().transport  # the host's policy, before rank 1 refuses
+    if rank == 1:
+        _refuse_cross_memory_attach()
+    g = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="shm"))
+    block = 300000  # float32 elements: over a window half
+    out = torch.empty(ws * block)
+    before = torchcollx.get_stats(g)["algorithms"]
+    dist.all_gather_into_tensor(out, torch.full((block,), float(rank + 1)), group=g)
+    want = torch.cat([torch.full((block,), float(r + 1)) for r in range(ws)])
+    return allowed, _backend(g).transport, torch.equal(out, want), labels_delta(g, before)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter names x86_64's syscall number")
+def test_a_rank_refused_cross_memory_attach_makes_every_rank_do_without():
+    res = run_ranks(_one_rank_refuses, 3, timeout=120, env=TABLE)
+    if not all("cross-memory attach" in allowed for allowed, *_ in res):
+        pytest.skip(f"this host refuses cross-memory attach to every rank: {res[0][0]}")
+    for rank, (_, note, right, labels) in enumerate(res):
+        assert note.startswith("shared memory with 2 local peer(s)"), note
+        assert "cross-memory attach" not in note, f"rank {rank}: {note}"
+        assert right, f"rank {rank}: all_gather through the windows gave wrong values"
+        assert labels == {"all_gather/shm": 1}, labels

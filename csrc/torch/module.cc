@@ -87,6 +87,11 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     }
     config.stageCpuTensors = value == "1";
   }
+  if (const char* v = std::getenv("COLLX_SHM_CMA")) {
+    std::string value(v);
+    if (value != "0" && value != "1") throw py::value_error("collx: COLLX_SHM_CMA=" + value + " must be 0 or 1");
+    config.readPeers = value == "1";
+  }
   config.tuning = tuningPolicy();
   config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
   config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);

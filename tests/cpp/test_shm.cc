@@ -91,9 +91,10 @@ void testRingSleep() {
   CHECK(!ring.sleepAsWriter(), "a writer with space must not sleep");
 }
 
-tcp::DeviceOptions over(shm::Mode mode) {
+tcp::DeviceOptions over(shm::Mode mode, bool readPeers = true) {
   tcp::DeviceOptions o;
   o.transport = mode;
+  o.readPeers = readPeers;
   return o;
 }
 
@@ -102,6 +103,13 @@ void testSetupNotes() {
   for (auto& d : shm.devices) {
     CHECK(d->transportNote().find("shared memory with 2 local peer(s), 1024 KiB rings") == 0, d->transportNote());
     CHECK(!d->shmUnavailable(), "shm available");
+    CHECK(d->transportNote().find("cross-memory attach") != std::string::npos, d->transportNote());
+    CHECK(d->sharedWindows()->canReadPeers(), "the ranks (threads of one process) can read each other");
+  }
+  Group noCma(2, over(shm::Mode::kShm, false));
+  for (auto& d : noCma.devices) {
+    CHECK(d->transportNote().find("cross-memory attach") == std::string::npos, d->transportNote());
+    CHECK(d->sharedWindows() && !d->sharedWindows()->canReadPeers(), "COLLX_SHM_CMA=0 turns it off");
   }
   Group tcp(2, over(shm::Mode::kTcp));
   CHECK(tcp.devices[0]->transportNote().empty(), tcp.devices[0]->transportNote());
@@ -242,13 +250,14 @@ void testWindowsAllreduceFailures() {
 
 // The other collectives in shared windows check the op's identity too, the
 // root of a broadcast included: ranks that disagree fail before any of them
-// writes a byte of its buffer.
-void testWindowsMismatch() {
-  Group g(3, over(shm::Mode::kShm));
+// writes a byte of its buffer; through the windows, or reading the peers'
+// memory.
+void testWindowsMismatch(bool readPeers) {
+  Group g(3, over(shm::Mode::kShm, readPeers));
   std::vector<std::string> errors(3);
   std::vector<char> untouched(3, 0);
   test::runRanks(3, [&](int r) {
-    const size_t block = 5000;
+    const size_t block = readPeers ? 300000 : 5000;  // over a half: all-gather reads in place
     std::vector<int32_t> buf(3 * block, r + 1);
     Workspace ws;
     Collective c{*g.devices[r], r == 2 ? OpKind::kAllgather : OpKind::kBroadcast, DataType::kInt32, 1,
@@ -278,16 +287,19 @@ void testWindowsMismatch() {
 // waiting for the others between ops, one of them lagging now and then: a
 // rank may post its next op's first chunk before a slower peer has checked
 // this one's identity (which once read as a mismatch), and every value must
-// still come out right.
-void testWindowsBackToBack() {
+// still come out right. All-gather and broadcast run through the windows
+// or, with readPeers, straight from the peers' buffers, whose owners must
+// not move on (and overwrite them) before every peer has read.
+void testWindowsBackToBack(bool readPeers) {
   const int n = 3;
-  Group g(n, over(shm::Mode::kShm));
+  Group g(n, over(shm::Mode::kShm, readPeers));
   test::runRanks(n, [&](int r) {
     Workspace ws;
     const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
     for (uint64_t seq = 1; seq <= 600; ++seq) {
       if (r == int(seq % n) && seq % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      const size_t block = 1 + seq % 5 * 1000;
+      // Some blocks are over a half, so that all-gather reads in place.
+      const size_t block = seq % 10 == 9 ? 300000 : 1 + seq % 5 * 1000;
       const OpKind kinds[] = {OpKind::kReduceScatter, OpKind::kAllgather, OpKind::kBroadcast, OpKind::kAllreduce};
       const OpKind kind = kinds[seq % 4];
       Collective c{*g.devices[r], kind, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20), 1 << 16, 2,
@@ -318,6 +330,31 @@ void testWindowsBackToBack() {
       }
       for (size_t i = lo; i < hi; ++i) {
         CHECK(buf[i] == want(i), name(kind), " #", seq, " rank ", r, " element ", i, ": ", buf[i], " != ", want(i));
+      }
+    }
+  });
+}
+
+// All-gathers that read the peers' buffers in place, each rank refilling
+// its buffer for the next op as soon as one returns (as a training loop
+// does): no rank may return while a peer still reads its buffer, or that
+// peer copies some of the next op's values.
+void testReadInPlaceKeepsBuffers() {
+  const int n = 3;
+  const size_t block = 300000;  // over a half
+  Group g(n, over(shm::Mode::kShm));
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    std::vector<int32_t> buf(n * block);
+    for (uint64_t seq = 1; seq <= 100; ++seq) {
+      std::fill(buf.begin(), buf.end(), int32_t(seq * 10 + r));
+      Collective c{*g.devices[r], OpKind::kAllgather, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20),
+                   1 << 16, 2, ws};
+      shmAllgather(c, buf.data(), block);
+      for (int q = 0; q < n; ++q) {
+        const auto from = buf.begin() + q * block;
+        CHECK(std::all_of(from, from + block, [&](int32_t v) { return v == int32_t(seq * 10 + q); }),
+              "all_gather #", seq, " rank ", r, ": block ", q, " holds another op's values");
       }
     }
   });
@@ -469,8 +506,11 @@ int main() {
   testPeerGoneMidOp();
   testAbortWhileSenderBlocked();
   testWindowsAllreduceFailures();
-  testWindowsMismatch();
-  testWindowsBackToBack();
+  for (bool readPeers : {false, true}) {
+    testWindowsMismatch(readPeers);
+    testWindowsBackToBack(readPeers);
+  }
+  testReadInPlaceKeepsBuffers();
   testOnePairUnlinked();
   testCancelBeforeWindowsOp();
   testAttachErrors();

@@ -20,6 +20,15 @@
 //
 // The counters grow across ops, whatever op ran before, so every rank's
 // chunk k is in the same half.
+//
+// Where every rank can read the others' memory (cross-memory attach,
+// SharedWindows::canReadPeers), readInPlace() runs an op as one chunk that
+// moves nothing through the windows: each rank posts where its data lies,
+// the peers copy it straight from there (read()), and a last round keeps
+// every rank's buffer in place until all have read it:
+//
+//   begin(); post(my address); ... read() the peers' data ...; gathered();
+//   wait until every rank has gathered
 #pragma once
 
 #include <algorithm>
@@ -58,6 +67,22 @@ class ShmChunks {
 
   void post();
   void reduced();
+
+  bool canReadPeers() const { return w_.canReadPeers(); }
+  // Runs read() as above, with `source` (this rank's data) posted.
+  template <class Read>
+  void readInPlace(const void* source, Read&& read) {
+    begin();
+    mine_.op[k_ % 2].source.store(uintptr_t(source), std::memory_order_relaxed);  // post() publishes it
+    post();
+    read();
+    gathered();
+    waitAll(&WindowControl::gathered, k_ + 1, "read");
+  }
+  // Copies `bytes` of the data rank r posted, from `offset` on, into dst.
+  void read(int r, void* dst, size_t bytes, size_t offset = 0) {
+    w_.readPeer(r, w_.control(r).op[k_ % 2].source.load(std::memory_order_relaxed) + offset, dst, bytes);
+  }
 
  private:
   void begin();

@@ -15,6 +15,15 @@
 //   broadcast
 //     1. the root copies a piece of the buffer into its half; post
 //     2. every other rank copies it out of the root's half
+//
+// An all-gather of blocks larger than a half (more than one chunk) copies
+// straight from the peers' buffers instead, in one round, where every rank
+// can read the others' memory (ShmChunks::readInPlace): one copy per byte
+// received, not two, for one more round at the end. With 4-32 MiB blocks
+// that took 0.7-0.97x the windows' time (n=2 and n=4, 2 cores); with 16-256
+// KiB blocks at n=4, where the round costs most, 1.1x. Broadcast keeps the
+// windows: there the root's copy-in overlaps the readers' copies, and
+// reading in place measured up to 1.7x slower (n=2 at 64 MiB, n=4 at 64 KiB).
 #include <algorithm>
 #include <cstring>
 
@@ -56,6 +65,15 @@ void shmAllgather(const Collective& c, void* out, size_t blockCount) {
   char* const blocks = static_cast<char*>(out);
   auto block = [&](int r) { return blocks + size_t(r) * blockCount * es; };
 
+  if (chunks.canReadPeers() && blockCount > chunks.halfElems()) {
+    chunks.readInPlace(block(me), [&] {
+      for (int i = 1; i < n; ++i) {
+        const int r = (me + i) % n;  // not every rank reading rank 0 first
+        chunks.read(r, block(r), blockCount * es);
+      }
+    });
+    return;
+  }
   chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
     std::memcpy(chunks.half(me), block(me) + done * es, len * es);
     chunks.post();

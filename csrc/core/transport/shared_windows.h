@@ -39,6 +39,9 @@ struct alignas(64) WindowControl {
     std::atomic<uint32_t> kind;
     std::atomic<uint32_t> dtype;
     std::atomic<uint32_t> root;   // a broadcast's
+    // Where this op's data lies in the poster's memory, for peers that read
+    // it there (SharedWindows::readPeer); not part of the identity.
+    std::atomic<uint64_t> source;
   } op[2];
 };
 
@@ -50,6 +53,14 @@ class SharedWindows {
   virtual size_t halfBytes() const = 0;
   virtual char* window(int rank) = 0;
   virtual WindowControl& control(int rank) = 0;
+
+  // Whether readPeer works: every rank can read every other's memory
+  // (cross-memory attach, which a ptrace policy may refuse); the ranks
+  // agreed on it when the group was made, so all choose alike.
+  virtual bool canReadPeers() const = 0;
+  // Copies `bytes` from `address` in rank r's memory into dst. Throws Error,
+  // breaking the group, if it cannot (the peer died).
+  virtual void readPeer(int r, uint64_t address, void* dst, size_t bytes) = 0;
 
   // Throws the error that broke the group, if one did (a broken rank must
   // not post, or its peers would take its data for this op's), or breaks it

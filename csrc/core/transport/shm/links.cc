@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,6 +48,18 @@ Ring ringAt(const Segment& s, int slot, int channel, size_t ring) {
 }
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Whether this process may read the peer's memory (process_vm_readv needs
+// ptrace-attach rights, which Yama or a seccomp policy may refuse): reads
+// the header of its segment where the peer says it lies, and compares it
+// with the mapping.
+bool canReadMemoryOf(pid_t pid, uint64_t address, const SegmentHeader& mapped) {
+  SegmentHeader read{};
+  iovec local{&read, sizeof read};
+  iovec remote{reinterpret_cast<void*>(uintptr_t(address)), sizeof read};
+  return ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == ssize_t(sizeof read) &&
+         std::memcmp(&read, &mapped, sizeof read) == 0;
+}
 
 // One status byte each way over the pair's socket, with the group deadline.
 bool exchangeStatus(int fd, bool mine, Deadline deadline, std::string& why) {
@@ -96,7 +109,8 @@ size_t ringBytes(int localRanks) {
 }
 
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
-                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, Deadline deadline) {
+                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, bool readPeers,
+                        Deadline deadline) {
   const int size = int(hosts.size());
   LocalLinks result;
   result.collectives.resize(size_t(size));
@@ -121,7 +135,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     *own = Segment::create(bytes);
     auto* h = reinterpret_cast<SegmentHeader*>(own->data());
     *h = SegmentHeader{kSegmentMagic, token, rank, int32_t(peers.size()), ring};
-    store.set(key + std::to_string(rank), bytesOf(str(::getpid(), " ", own->fd(), " ", bytes)));
+    store.set(key + std::to_string(rank),
+              bytesOf(str(::getpid(), " ", own->fd(), " ", bytes, " ", uintptr_t(own->data()))));
   } catch (const Error& e) {
     ownError = e.what();
     store.set(key + std::to_string(rank), bytesOf("-" + ownError));
@@ -130,6 +145,9 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   // 2. Map every local peer's segment and check it is the one it claims.
   std::vector<std::shared_ptr<Segment>> theirs(hosts.size());
   std::vector<std::string> why(hosts.size());
+  result.pids.assign(hosts.size(), 0);
+  result.pids[size_t(rank)] = ::getpid();
+  bool readAll = readPeers;
   for (int peer : peers) {
     const auto v = store.get(key + std::to_string(peer), timeout);
     const std::string s(v.begin(), v.end());
@@ -137,13 +155,17 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
       if (!ownError.empty()) throw Error(ownError);
       if (!s.empty() && s[0] == '-') throw Error("the peer could not create its segment: " + s.substr(1));
       long long pid = 0, fd = 0, len = 0;
-      COLLX_CHECK(std::sscanf(s.c_str(), "%lld %lld %lld", &pid, &fd, &len) == 3 && size_t(len) == bytes,
+      unsigned long long address = 0;
+      COLLX_CHECK(std::sscanf(s.c_str(), "%lld %lld %lld %llu", &pid, &fd, &len, &address) == 4 &&
+                      size_t(len) == bytes,
                   "malformed segment address '", s, "'");
       auto seg = std::make_shared<Segment>(Segment::attach(pid_t(pid), int(fd), bytes));
       const auto* h = reinterpret_cast<const SegmentHeader*>(seg->data());
       COLLX_CHECK(h->magic == kSegmentMagic && h->token == token && h->owner == peer &&
                       h->slots == int32_t(peers.size()) && h->ringBytes == ring,
                   "the segment at pid ", pid, " fd ", fd, " is not this group's");
+      readAll = readAll && canReadMemoryOf(pid_t(pid), address, *h);
+      result.pids[size_t(peer)] = pid_t(pid);
       theirs[size_t(peer)] = std::move(seg);
     } catch (const Error& e) {
       why[size_t(peer)] = e.what();
@@ -177,14 +199,20 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   }
   // 5. The windows serve collectives of the whole group, which every rank
   //    must run alike: when all ranks share this host, they use them only if
-  //    every pair linked, which each rank tells the others.
+  //    every pair linked, and read each other's memory only if every rank
+  //    can, which each rank tells the others ("0": not linked, "1": linked,
+  //    "2": linked and can read every peer).
   if (int(peers.size()) == size - 1) {
-    store.set(key + "linked/" + std::to_string(rank), bytesOf(failures.empty() ? "1" : "0"));
+    const char* mine = !failures.empty() ? "0" : readAll ? "2" : "1";
+    store.set(key + "linked/" + std::to_string(rank), bytesOf(mine));
     bool everyPair = failures.empty();
     for (int peer : peers) {
-      everyPair = store.get(key + "linked/" + std::to_string(peer), timeout) == bytesOf("1") && everyPair;
+      const auto said = store.get(key + "linked/" + std::to_string(peer), timeout);
+      everyPair = everyPair && said != bytesOf("0");
+      readAll = readAll && said == bytesOf("2");
     }
     if (!everyPair) std::fill(result.windows.begin(), result.windows.end(), nullptr);
+    result.readPeers = everyPair && readAll;
   }
 
   if (!failures.empty()) {
@@ -192,7 +220,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     result.note = str("shared memory unavailable (", failures, "); those pairs use TCP");
     COLLX_CHECK(mode != Mode::kShm, "collx rank ", rank, ": COLLX_TRANSPORT=shm, but ", result.note);
   } else {
-    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings");
+    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings",
+                      result.readPeers ? ", cross-memory attach" : "");
   }
   return result;
 }

@@ -12,7 +12,10 @@
 //      peer's answer: a pair uses shared memory only if both sides can;
 //   4. it closes its segment's fd; from then on nobody can attach;
 //   5. where every rank is on this host, the ranks agree whether every pair
-//      linked: only then does the group get shared windows.
+//      linked: only then does the group get shared windows; and whether
+//      every pair can read the other's memory (cross-memory attach, which
+//      the ptrace policy may refuse; each rank tried it in step 2 on the
+//      peer's segment header, through the address it published).
 //
 // Each pair has rings for both channels of the mesh: the ordered collectives
 // and point-to-point. Memory is bounded per group, whatever the tensor
@@ -59,12 +62,18 @@ struct LocalLinks {
   // and for every rank unless every pair of an all-local group linked.
   std::vector<char*> windows;
   std::vector<std::shared_ptr<Segment>> segments;  // keep `windows` mapped
+  // With the windows: every rank's process, and whether each rank can read
+  // every other's memory with process_vm_readv (the ranks agreed on it).
+  std::vector<pid_t> pids;
+  bool readPeers = false;
   std::string note;  // one line on what was set up or why not, for the log
   bool unavailable = false;  // some local pair could not use shared memory
 };
 
 // `fds`: the connected TCP socket per peer (blocking; -1 for self).
+// `readPeers`: try cross-memory attach (COLLX_SHM_CMA).
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
-                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, Deadline deadline);
+                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, bool readPeers,
+                        Deadline deadline);
 
 }  // namespace collx::shm

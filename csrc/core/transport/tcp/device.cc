@@ -36,11 +36,12 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
   std::vector<int> fds;
   for (const Socket& s : mesh.sockets[kCollectives]) fds.push_back(s.fd());
   shm::LocalLinks local = shm::connectLocal(store, mesh.prefix, mesh.token, rank, hosts_, fds, options.transport,
-                                            Clock::now() + options.timeout);
+                                            options.readPeers, Clock::now() + options.timeout);
   transportNote_ = local.note;
   shmUnavailable_ = local.unavailable;
   if (std::all_of(local.windows.begin(), local.windows.end(), [](char* w) { return w != nullptr; })) {
-    windows_ = std::make_unique<Windows>(*this, std::move(local.windows), std::move(local.segments));
+    windows_ = std::make_unique<Windows>(*this, std::move(local.windows), std::move(local.segments),
+                                         std::move(local.pids), local.readPeers);
   }
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) {

@@ -25,6 +25,7 @@ struct DeviceOptions {
   int family = AF_UNSPEC;  // COLLX_SOCKET_FAMILY: AF_INET, AF_INET6 or either
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   shm::Mode transport = shm::Mode::kAuto;  // COLLX_TRANSPORT: rings for peers on this host
+  bool readPeers = true;  // COLLX_SHM_CMA: cross-memory attach between them, where allowed
 };
 
 class Device : public Transport {

@@ -3,7 +3,11 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <climits>
@@ -27,8 +31,10 @@ void futexWake(std::atomic<uint32_t>* word) {
 }
 }  // namespace
 
-Device::Windows::Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments)
-    : device_(device), areas_(std::move(areas)), segments_(std::move(segments)) {
+Device::Windows::Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments,
+                         std::vector<pid_t> pids, bool readPeers)
+    : device_(device), areas_(std::move(areas)), segments_(std::move(segments)), pids_(std::move(pids)),
+      readPeers_(readPeers) {
   static_assert(sizeof(WindowControl) <= kControlBytes, "the control block fits its page");
 }
 
@@ -90,6 +96,25 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
     if (!ready()) futexWait(&me.bell, bell, std::min<std::chrono::nanoseconds>(kSleepSlice, deadline - now));
     me.sleeping.store(0, std::memory_order_relaxed);
     checkPeers(ready);
+  }
+}
+
+void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes) {
+  char* to = static_cast<char*>(dst);
+  while (bytes > 0) {
+    iovec local{to, bytes};
+    iovec remote{reinterpret_cast<void*>(uintptr_t(address)), bytes};
+    const ssize_t got = ::process_vm_readv(pids_.at(size_t(r)), &local, 1, &remote, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const std::string why = got == 0 ? "nothing read" : errno == ESRCH ? "its process has exited" : strerror(errno);
+      device_.breakWith(Error(str("collx rank ", device_.rank_, ": could not read peer ", r, "'s memory (pid ",
+                                  pids_.at(size_t(r)), "): ", why)),
+                        false);
+    }
+    to += got;
+    address += uint64_t(got);
+    bytes -= size_t(got);
   }
 }
 

@@ -12,11 +12,15 @@ namespace collx::tcp {
 
 class Device::Windows : public SharedWindows {
  public:
-  Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments);
+  // `pids` and `readPeers`: shm::LocalLinks's.
+  Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments,
+          std::vector<pid_t> pids, bool readPeers);
 
   size_t halfBytes() const override { return shm::kWindowHalfBytes; }
   char* window(int rank) override { return areas_.at(size_t(rank)) + kControlBytes; }
   WindowControl& control(int rank) override { return *reinterpret_cast<WindowControl*>(areas_.at(size_t(rank))); }
+  bool canReadPeers() const override { return readPeers_; }
+  void readPeer(int r, uint64_t address, void* dst, size_t bytes) override;
   void checkGroup(uint64_t seq) override;
   void publish() override;
   void waitFor(const std::function<bool()>& ready, Deadline deadline,
@@ -32,6 +36,8 @@ class Device::Windows : public SharedWindows {
   Device& device_;
   std::vector<char*> areas_;
   std::vector<std::shared_ptr<shm::Segment>> segments_;
+  std::vector<pid_t> pids_;
+  bool readPeers_;
 };
 
 }  // namespace collx::tcp
