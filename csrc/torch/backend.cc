@@ -75,6 +75,9 @@ void CollxBackend::tune() {
                config_.treeArity, workspace_};
   TuningOutcome out = asDistError("init", rank_, [&] { return tuneGroup(c, policy); });
   tuning_ = out.tuning;
+  refiner_.onKept = [this](const std::string& line) {
+    if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, line);
+  };
   if (!out.cacheWarning.empty() && logs(LogLevel::kWarn)) {
     log(LogLevel::kWarn, "tuning not cached: " + out.cacheWarning);
   }
@@ -126,8 +129,10 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   };
   Executor::Task task;
   task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging] {
+    // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
+    const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
     Collective c{*device_, kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
-                 workspace_, &tuning_};
+                 workspace_, &tuning_, refines ? &refiner_ : nullptr};
     std::exception_ptr error;
     auto start = Clock::now();
     try {
@@ -227,7 +232,12 @@ std::vector<int> CollxBackend::hosts() const {
 }
 
 Algorithm CollxBackend::autoAllreduce(size_t bytes) const {
-  return resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes);
+  return refiner_.kept(bytes, resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes));
+}
+
+std::string CollxBackend::describeTuning() const {
+  const std::string refined = refiner_.describe();
+  return tuning_.describe(size_, config_.treeArity) + (refined.empty() ? "" : "; " + refined);
 }
 
 Stats CollxBackend::stats() const {

@@ -13,6 +13,7 @@
 
 #include "core/algorithms/algorithms.h"
 #include "core/algorithms/calibrate.h"
+#include "core/algorithms/refine.h"
 #include "core/executor.h"
 #include "core/transport/tcp/device.h"
 #include "log.h"
@@ -139,6 +140,8 @@ class CollxBackend : public c10d::Backend {
   std::vector<int> hosts() const;
   Algorithm autoAllreduce(size_t bytes) const;
   const Tuning& tuning() const { return tuning_; }
+  // The model's constants and crossovers, then what online refinement kept.
+  std::string describeTuning() const;
 
  private:
   // Runs on the executor (or inline in a waiting caller); returns the stats
@@ -203,6 +206,7 @@ class CollxBackend : public c10d::Backend {
   std::atomic<uint64_t> seq_{0};
   Workspace workspace_;  // the algorithms' scratch; one op runs at a time
   Tuning tuning_ = Tuning::table();  // auto's cost model, fitted at creation
+  Refiner refiner_;                  // and its online refinement, under COLLX_TUNING=calibrate
   Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)
   std::mutex coalesceMutex_;
   bool coalescing_ = false;

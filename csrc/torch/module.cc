@@ -163,8 +163,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("nbytes"), py::arg("algorithm") = "auto",
           "This group's fitted model: the predicted microseconds of an all-reduce of nbytes.")
       .def_property_readonly(
-          "tuning", [](const CollxBackend& b) { return b.tuning().describe(b.getSize(), b.config().treeArity); },
-          "Where auto's cost model came from (calibration, cache, file, table), its constants, and its choices.")
+          "tuning", [](const CollxBackend& b) { return b.describeTuning(); },
+          "Where auto's cost model came from (calibration, cache, file, table), its constants, its choices, and "
+          "what online refinement has kept.")
       .def_property_readonly("timeout_seconds", [](CollxBackend& b) {
         return std::chrono::duration<double>(b.getBackendOptions()->timeout).count();
       });

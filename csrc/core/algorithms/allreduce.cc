@@ -1,9 +1,11 @@
 // All-reduce entry point: resolves auto (shared memory, host layout, then the
 // cost model) and runs one of ring, tree, star, direct, hierarchical or shm.
+#include <chrono>
 #include <cstring>
 
 #include "../error.h"
 #include "algorithms.h"
+#include "refine.h"
 #include "tuning.h"
 
 namespace collx {
@@ -40,7 +42,11 @@ Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm a
 }
 
 Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count, ReduceFn fn) {
-  algo = resolveAllreduce(c.transport, c.costs(), algo, c.treeArity, count * elementSize(c.dtype));
+  const size_t bytes = count * elementSize(c.dtype);
+  Refiner* refiner = algo == Algorithm::kAuto ? c.refiner : nullptr;
+  algo = resolveAllreduce(c.transport, c.costs(), algo, c.treeArity, bytes);
+  if (refiner) algo = refiner->choose(c, bytes, algo);
+  const auto start = std::chrono::steady_clock::now();
   switch (algo) {
     case Algorithm::kRing: ringAllreduce(c, buf, count, fn); break;
     case Algorithm::kTree: treeAllreduce(c, buf, count, fn); break;
@@ -50,6 +56,7 @@ Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count
     case Algorithm::kShm: shmAllreduce(c, buf, count, fn); break;
     default: throw Error(str("collx: invalid all-reduce algorithm ", int(algo)));
   }
+  if (refiner) refiner->ran(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
   return algo;
 }
 

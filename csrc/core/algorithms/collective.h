@@ -23,6 +23,7 @@ class Workspace {
 };
 
 struct Tuning;
+class Refiner;
 
 struct Collective {
   Transport& transport;
@@ -34,9 +35,11 @@ struct Collective {
   int treeArity;
   Workspace& workspace;
   const Tuning* tuning = nullptr;  // auto's cost model (tuning.h); null: the static table
+  Refiner* refiner = nullptr;      // auto's online refinement (refine.h); null: the model alone
 
   // The same collective (identity, deadline, tunables) on another transport,
-  // e.g. a sub-group view of this one.
+  // e.g. a sub-group view of this one; without the refiner, which learns
+  // the whole group's ops.
   Collective on(Transport& t) const {
     return Collective{t, kind, dtype, seq, deadline, segmentBytes, treeArity, workspace, tuning};
   }

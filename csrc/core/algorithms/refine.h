@@ -1,0 +1,82 @@
+// Online refinement of auto's all-reduce choice, from the timings of the
+// group's own ops.
+//
+// The fitted model (tuning.h) is a line per algorithm through a few
+// calibrated sizes. Near a crossover, where it predicts two flat algorithms
+// close, the line can be off enough to pick the slower one. So, per size
+// class (the power of two at or below an op's bytes) whose first op the
+// model finds close, the best and the runner-up predicted within
+// kCloseRatio:
+//
+//   ops 1..2K of the class   alternate the two candidates; each rank adds
+//                            up its own time of each, less its slowest run
+//                            (a one-off preemption, not the algorithm's)
+//   op 2K+1                  one SUM all-reduce of every rank's two totals
+//                            (a kCalibrate frame with a sequence number of
+//                            its own) gives every rank the same sums; the
+//                            class keeps the faster candidate, then runs
+//                            the op with it
+//   later ops                the kept one; after kRecheckOps of them the
+//                            class runs a new trial, so a machine whose
+//                            speeds change is followed
+//
+// Every rank sees the group's ops in the same order with the same sizes, so
+// every rank runs the same trials, agrees at the same op and keeps the same
+// algorithm: no rank decides on its own clock alone. Shared memory and the
+// hierarchical all-reduce, which auto takes by rule, are left as they are.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "algorithms.h"
+#include "collective.h"
+
+namespace collx {
+
+class Refiner {
+ public:
+  static constexpr int kTrials = 16;              // K: timed ops per candidate
+  static constexpr double kCloseRatio = 1.5;      // runner-up / best, predicted
+  static constexpr uint64_t kRecheckOps = 4096;   // ops of a kept choice before a new trial
+
+  // What an auto all-reduce of `bytes` runs, where the model (with the
+  // rules before it) chose `choice`. May run the agreement all-reduce on
+  // c's transport first; throws what that throws.
+  Algorithm choose(const Collective& c, size_t bytes, Algorithm choice);
+  // The time the op just chosen took on this rank.
+  void ran(double us);
+  // What the class of `bytes` has kept, else `choice` (no ops run).
+  Algorithm kept(size_t bytes, Algorithm choice) const;
+
+  // One line per class that has kept a choice, for the log and
+  // backend.tuning: "refined: 64 KiB: ring (27.9 us) over direct (35.1 us)".
+  std::string describe() const;
+  // Called with describe()'s line of a class when it keeps a choice.
+  std::function<void(const std::string&)> onKept;
+
+ private:
+  struct Class {
+    bool trial = false;           // the model found two candidates close
+    Algorithm candidate[2]{};     // its best, then the runner-up
+    int runs = 0;                 // trial ops so far
+    double us[2] = {0, 0};        // this rank's total per candidate
+    double slowest[2] = {0, 0};   // and its slowest run
+    double agreedUs[2] = {0, 0};  // the group's mean per op, once kept
+    int kept = -1;                // the index kept, once agreed
+    uint64_t keptOps = 0;
+  };
+  static std::string describe(size_t bytes, const Class& k);
+
+  mutable std::mutex mu_;  // describe() may run in another thread than the ops
+  std::map<size_t, Class> classes_;
+  Class* pending_ = nullptr;  // the class whose trial the running op is
+  int pendingIndex_ = 0;     // and its candidate
+  uint64_t agreements_ = 0;
+  Workspace scratch_;  // the agreement's, apart from the op's
+};
+
+}  // namespace collx

@@ -1,0 +1,134 @@
+// Auto's online refinement (refine.h), over real loopback TCP: the ranks
+// keep the algorithm the group's summed times favour, even where one rank's
+// own clock says otherwise; trials alternate alike on every rank; classes
+// the model finds clear-cut run no trial; a kept choice is re-tried after
+// kRecheckOps; and the real all-reduce path stays correct through it.
+#include <cstring>
+
+#include "../../csrc/core/algorithms/refine.h"
+#include "../../csrc/core/algorithms/tuning.h"
+#include "../../csrc/core/error.h"
+#include "../../csrc/core/reduce/reduce.h"
+#include "check.h"
+#include "group.h"
+
+using namespace collx;
+
+namespace {
+
+constexpr int kRanks = 3;
+constexpr size_t kClose = 256 << 10;  // where the model finds direct and ring close
+
+// A model with direct predicted 0.8x ring at `close` bytes, tree and star far
+// off: direct and ring are the two candidates there, and at 8 B ring's four
+// steps to direct's one put them far apart.
+Tuning closeModel(size_t close = kClose) {
+  Tuning t = Tuning::table();
+  t.cost[size_t(Algorithm::kRing)] = {0.1, 1000.0};
+  t.cost[size_t(Algorithm::kDirect)] = {0.1, 1000.0};
+  t.cost[size_t(Algorithm::kTree)] = {1e6, 1.0};
+  t.cost[size_t(Algorithm::kStar)] = {1e6, 1.0};
+  auto us = [&](Algorithm a, size_t bytes) { return predictAllreduceUs(t, a, kRanks, 2, bytes); };
+  while (us(Algorithm::kDirect, close) > 0.8 * us(Algorithm::kRing, close)) {
+    t.cost[size_t(Algorithm::kDirect)].bytesPerUs *= 1.02;
+  }
+  CHECK(chooseAllreduce(t, kRanks, 2, close) == Algorithm::kDirect, "the model picks direct at ", close, " B");
+  CHECK(us(Algorithm::kRing, 8) > Refiner::kCloseRatio * us(Algorithm::kDirect, 8), "clear-cut at 8 B");
+  return t;
+}
+
+Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uint64_t seq = 1) {
+  return Collective{d, OpKind::kAllreduce, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60),
+                    512 << 10, 2, ws, &t};
+}
+
+// Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
+// against 30): summed, ring wins (50 against 70 per trial pair), and every
+// rank keeps ring, rank 0 included. Each rank's slowest run of each is left
+// out.
+void testAgreementOverrulesOneClock() {
+  const Tuning t = closeModel();
+  test::Group g(kRanks, [] {
+    tcp::DeviceOptions o;
+    o.transport = shm::Mode::kTcp;
+    return o;
+  }());
+  test::runRanks(kRanks, [&](int r) {
+    Workspace ws;
+    Refiner refiner;
+    std::string line;
+    refiner.onKept = [&](const std::string& s) { line = s; };
+    const Collective c = collective(*g.devices[r], t, ws);
+    for (int i = 0; i < 2 * Refiner::kTrials; ++i) {
+      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+      const Algorithm want = i % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing;
+      CHECK(a == want, "rank ", r, " trial ", i, ": ", name(a), " != ", name(want));
+      const bool direct = a == Algorithm::kDirect;
+      // One run of each is slow on every rank: it does not count.
+      const double slow = i < 2 ? 1000.0 : 0.0;
+      refiner.ran(slow + (r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0)));
+      CHECK(refiner.kept(kClose, Algorithm::kDirect) == Algorithm::kDirect, "nothing kept during the trial");
+    }
+    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " did not keep ring");
+    CHECK(refiner.kept(kClose + 1000, Algorithm::kDirect) == Algorithm::kRing, "the class keeps ring");
+    CHECK(line == "refined: 256 KiB: ring (16.7 us) over direct (23.3 us)", "rank ", r, ": ", line);
+    CHECK(refiner.describe() == line, refiner.describe());
+    // Kept for kRecheckOps ops in all (the agreeing op was the first), then tried again.
+    for (uint64_t i = 1; i < Refiner::kRecheckOps; ++i) {
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
+      refiner.ran(1.0);
+    }
+    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kDirect, "a new trial starts with the model's");
+    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "and alternates");
+    // Clear-cut, and a choice auto takes by rule: no trial.
+    for (int i = 0; i < 3 * Refiner::kTrials; ++i) {
+      CHECK(refiner.choose(c, 8, Algorithm::kDirect) == Algorithm::kDirect, "a trial at 8 B");
+      CHECK(refiner.choose(c, kClose, Algorithm::kHierarchical) == Algorithm::kHierarchical, "hier refined");
+    }
+  });
+}
+
+// The real path: auto all-reduces of sizes within one class, with the
+// refiner set, each checked against the locally computed sum; every rank
+// must run the same algorithm at every op, alternate during the trial and
+// keep one after it, whatever its clock said.
+void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
+  const Tuning t = closeModel(close);
+  tcp::DeviceOptions o;
+  o.transport = mode;
+  test::Group g(kRanks, o);
+  const int ops = 2 * Refiner::kTrials + 6;
+  std::vector<std::vector<Algorithm>> ran(kRanks);
+  test::runRanks(kRanks, [&](int r) {
+    Workspace ws;
+    Refiner refiner;
+    const ReduceFn sum = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
+    for (int i = 0; i < ops; ++i) {
+      const size_t count = close / 4 + size_t(i) * 10;  // all in one class
+      std::vector<float> buf(count);
+      for (size_t j = 0; j < count; ++j) buf[j] = float((j % 97) * (r + 1));
+      Collective c = collective(*g.devices[r], t, ws, uint64_t(i + 1));
+      c.refiner = &refiner;
+      ran[r].push_back(allreduce(c, Algorithm::kAuto, buf.data(), count, sum));
+      for (size_t j = 0; j < count; ++j) {
+        CHECK(buf[j] == float((j % 97) * 6), "op ", i, " rank ", r, " element ", j, ": ", buf[j]);
+      }
+    }
+  });
+  for (int r = 1; r < kRanks; ++r) CHECK(ran[r] == ran[0], "rank ", r, " ran other algorithms than rank 0");
+  for (int i = 0; i < 2 * Refiner::kTrials; ++i) {
+    CHECK(ran[0][i] == (i % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing), "trial op ", i, ": ", name(ran[0][i]));
+  }
+  for (int i = 2 * Refiner::kTrials; i < ops; ++i) CHECK(ran[0][i] == ran[0][2 * Refiner::kTrials], "kept op ", i);
+}
+
+}  // namespace
+
+int main() {
+  testAgreementOverrulesOneClock();
+  testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
+  // Over the rings, between the sizes auto gives the windows.
+  testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);
+  std::printf("refine: agreement, trials, recheck, all-reduce ok\n");
+  return 0;
+}
