@@ -61,6 +61,15 @@ def test_a_bad_transport_is_a_clear_error(monkeypatch):
     assert torchcollx.Options(transport="shm").resolved().transport == "shm"
 
 
+def _init_only(rank, ws):
+    return True
+
+
+def test_a_bad_cross_memory_attach_value_is_a_clear_error():
+    with pytest.raises(AssertionError, match="COLLX_SHM_CMA='?yes'? must be 0 or 1"):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_SHM_CMA": "yes"})
+
+
 def _unattachable(rank, ws, stderr_path):
     """Rank 1 cannot open rank 0's segment: as root it drops its effective
     uid (and so its capabilities) during setup; otherwise rank 0 makes itself

@@ -63,6 +63,15 @@ collx::TuningPolicy tuningPolicy() {
   return p;
 }
 
+// A 0/1 environment variable, `unset` when it is not set.
+bool flag(const char* name, bool unset) {
+  const char* v = std::getenv(name);
+  if (!v) return unset;
+  const std::string value(v);
+  if (value != "0" && value != "1") throw py::value_error(collx::str("collx: ", name, "=", value, " must be 0 or 1"));
+  return value == "1";
+}
+
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                 int size, double timeoutSeconds, const std::string& algorithm,
                                                 int treeArity, int64_t segmentBytes, const std::string& ifname,
@@ -80,18 +89,8 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   config.ifname = ifname;
   // A test knob, so read here rather than in Options: CPU tensors take the
   // CUDA tensors' staging path (see staging.h).
-  if (const char* v = std::getenv("COLLX_STAGE_CPU_TENSORS")) {
-    std::string value(v);
-    if (value != "0" && value != "1") {
-      throw py::value_error("collx: COLLX_STAGE_CPU_TENSORS=" + value + " must be 0 or 1");
-    }
-    config.stageCpuTensors = value == "1";
-  }
-  if (const char* v = std::getenv("COLLX_SHM_CMA")) {
-    std::string value(v);
-    if (value != "0" && value != "1") throw py::value_error("collx: COLLX_SHM_CMA=" + value + " must be 0 or 1");
-    config.readPeers = value == "1";
-  }
+  config.stageCpuTensors = flag("COLLX_STAGE_CPU_TENSORS", false);
+  config.readPeers = flag("COLLX_SHM_CMA", true);
   config.tuning = tuningPolicy();
   config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
   config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);

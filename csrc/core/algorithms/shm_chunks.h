@@ -79,9 +79,9 @@ class ShmChunks {
     gathered();
     waitAll(&WindowControl::gathered, k_ + 1, "read");
   }
-  // Copies `bytes` of the data rank r posted, from `offset` on, into dst.
-  void read(int r, void* dst, size_t bytes, size_t offset = 0) {
-    w_.readPeer(r, w_.control(r).op[k_ % 2].source.load(std::memory_order_relaxed) + offset, dst, bytes);
+  // Copies the first `bytes` of the data rank r posted into dst.
+  void read(int r, void* dst, size_t bytes) {
+    w_.readPeer(r, w_.control(r).op[k_ % 2].source.load(std::memory_order_relaxed), dst, bytes);
   }
 
  private:

@@ -6,11 +6,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <thread>
 
 #include "../../error.h"
