@@ -262,6 +262,9 @@ def main() -> None:
         sys.exit("torch's test utilities need expecttest: pip install expecttest")
 
     args.out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="torch_suite_"))
+    # Calibrations made under the suite's load stay with its logs, not in the
+    # user's ~/.cache/torchcollx, where later runs would reuse them.
+    os.environ["XDG_CACHE_HOME"] = os.path.join(args.out, "cache")
     os.makedirs(args.out, exist_ok=True)
     passthrough = ["--families", ",".join(args.families), "--timeout", str(args.timeout)]
     passthrough += (["-k", args.k] if args.k else []) + (["--all"] if args.all else [])

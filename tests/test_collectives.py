@@ -306,12 +306,14 @@ def check_stats(rank, ws, fail):
                 fail(f"{algo}: labels after {k} all_reduce: {sorted(labels)}")
         else:
             # The group's choice, or, while online refinement tries this size
-            # class (refine.h), that and the runner-up in turn, starting with it.
+            # class (refine.h), that and the runner-up in turn, in blocks of
+            # kBlock = 4 ops, starting with the choice.
             choice = "all_reduce/" + g._get_backend(torch.device("cpu")).choose_allreduce(nbytes)
             calls = {label: v["calls"] for label, v in labels.items()}
             others = sorted(set(calls) - {choice})
-            alternated = len(others) == 1 and calls.get(choice) == (k + 1) // 2 and calls[others[0]] == k // 2
-            if calls != {choice: k} and not alternated:
+            first = sum(1 for i in range(k) if i // 4 % 2 == 0)
+            in_turn = len(others) == 1 and calls.get(choice) == first and calls[others[0]] == k - first
+            if calls != {choice: k} and not in_turn:
                 fail(f"auto: labels after {k} all_reduce of one size: {calls}, but the group's model "
                      f"chooses {choice}, or that and one other in turn")
         if s1["ops"] != k or sum(v["calls"] for v in labels.values()) != k:

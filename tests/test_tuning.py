@@ -108,3 +108,45 @@ def test_bad_file_is_a_clear_error(tmp_path):
     path.write_text("collx-tuning 1\nring 30 fast\n")
     with pytest.raises(AssertionError, match="bad constants for 'ring'"):
         run_ranks(_init_only, 2, timeout=60, env={"COLLX_TUNING": str(path)})
+
+
+def _runs_every_class(rank, ws, stderr_path):
+    """40 auto all-reduces at each size from 4 B to 1 MiB: enough for online
+    refinement to try, and agree on, every class the model finds close.
+    stderr goes to a file, to read the WARN line."""
+    fd = os.open(f"{stderr_path}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    b = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    ok = True
+    for k in range(11):
+        t = torch.ones(4 ** k)
+        for _ in range(40):
+            t.fill_(rank + 1)
+            dist.all_reduce(t)
+            ok = ok and bool((t == ws * (ws + 1) / 2).all())
+    return b.tuning, ok
+
+
+def test_a_cache_fitted_under_load_is_dropped(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": None, "COLLX_TRANSPORT": "tcp", "COLLX_DEBUG": "WARN"}
+    run_ranks(_groups, 2, timeout=120, env=env)
+    [cache] = (tmp_path / "torchcollx").iterdir()
+    # The same fit 100x slower, as a calibration on a loaded machine may write:
+    # the same choices and crossovers, far slower predictions.
+    lines = []
+    for line in cache.read_text().splitlines():
+        f = line.split()
+        lines.append(line if line.startswith(("#", "collx-tuning")) else
+                     f"{f[0]} {float(f[1]) * 100} {float(f[2]) / 100}")
+    cache.write_text("\n".join(lines) + "\n")
+    res = run_ranks(_runs_every_class, 2, timeout=120, env=env, args=(str(tmp_path / "stderr"),))
+    errs = [(tmp_path / f"stderr.{rank}").read_text() for rank in range(2)]
+    for rank, (tuning, ok) in enumerate(res):
+        assert tuning.startswith(f"tuning from cache {cache}") and "refined: " in tuning, tuning
+        assert ok, f"rank {rank}: wrong sums"
+        assert errs[rank].count("it was fitted on a busier machine") == 1, errs[rank]
+    # Both ranks remove the host's one cache file; one of them finds it.
+    assert sum("dropped its cache" in err for err in errs) == 1, errs
+    assert not cache.exists(), "the stale cache was kept"
+    again = run_ranks(_groups, 2, timeout=120, env=env)
+    assert all(r["tunings"][0].startswith("tuning from calibration in ") for r in again), again[0]["tunings"]

@@ -78,6 +78,13 @@ void CollxBackend::tune() {
   refiner_.onKept = [this](const std::string& line) {
     if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, line);
   };
+  // A cached tuning that real ops show fitted under load: later groups calibrate again.
+  refiner_.onStale = [this, cache = out.cachePath](const std::string& why) {
+    const bool dropped = !cache.empty() && std::remove(cache.c_str()) == 0;
+    if (logs(LogLevel::kWarn)) {
+      log(LogLevel::kWarn, why + (dropped ? "; dropped its cache " + cache + ", the next group calibrates again" : ""));
+    }
+  };
   if (!out.cacheWarning.empty() && logs(LogLevel::kWarn)) {
     log(LogLevel::kWarn, "tuning not cached: " + out.cacheWarning);
   }

@@ -75,7 +75,7 @@ void testTextForm() {
 
 std::vector<TuningOutcome> tuneAll(test::Group& g, const std::vector<TuningPolicy>& policies) {
   const int n = int(g.devices.size());
-  std::vector<TuningOutcome> out(size_t(n), TuningOutcome{Tuning::table(), 0, ""});
+  std::vector<TuningOutcome> out(size_t(n), TuningOutcome{Tuning::table(), 0, "", ""});
   test::runRanks(n, [&](int r) {
     thread_local Workspace ws;
     Collective c{*g.devices[r], OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + std::chrono::seconds(60),

@@ -144,7 +144,7 @@ class Calibration {
 }  // namespace
 
 TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
-  TuningOutcome out{Tuning::table(), 0, ""};
+  TuningOutcome out{Tuning::table(), 0, "", ""};
   if (policy.mode == TuningPolicy::Mode::kTable || c.size() <= 1) return out;
   Calibration cal(c);
   std::string text;
@@ -159,6 +159,7 @@ TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
   char name[32];
   std::snprintf(name, sizeof(name), "/tuning-%016llx.txt", static_cast<unsigned long long>(fnv1a(policy.cacheKey)));
   const std::string path = policy.cacheDir.empty() ? "" : policy.cacheDir + name;
+  out.cachePath = path;
   uint64_t mine = 0;
   Tuning cached = Tuning::table();
   if (!path.empty() && readFile(path, &text)) {

@@ -37,6 +37,7 @@ struct TuningOutcome {
   Tuning tuning;
   double calibrationMs = 0;   // 0 when nothing was timed
   std::string cacheWarning;   // non-empty when the cache could not be written
+  std::string cachePath;      // kCalibrate: the cache file read or written ("" = none)
 };
 
 // Steps 1 to 4 above. Every rank must call it, with the same policy mode, as

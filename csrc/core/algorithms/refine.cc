@@ -63,9 +63,10 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
     k = Class{true, {k.candidate[0], k.candidate[1]}};  // a new trial
   }
   if (k.runs < 2 * kTrials) {
-    pendingIndex_ = k.runs++ % 2;
-    pending_ = &k;
-    return k.candidate[pendingIndex_];
+    const int run = k.runs++;
+    pendingIndex_ = run / kBlock % 2;
+    if (run % kBlock != 0) pending_ = &k;  // the block's first op is not counted
+    return k.candidate[run / kBlock % 2];
   }
   double sums[2] = {k.us[0] - k.slowest[0], k.us[1] - k.slowest[1]};
   lock.unlock();  // describe() need not wait for the peers
@@ -75,10 +76,20 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   lock.lock();
   k.kept = sums[1] < sums[0] ? 1 : 0;
   k.keptOps = 1;  // this op
-  for (int i = 0; i < 2; ++i) k.agreedUs[i] = sums[i] / (double(c.size()) * (kTrials - 1));
+  constexpr int kCounted = kTrials - kTrials / kBlock - 1;  // less first ops, less the slowest
+  for (int i = 0; i < 2; ++i) k.agreedUs[i] = sums[i] / (double(c.size()) * kCounted);
   const std::string line = describe(cls, k);
+  const double predicted = predictAllreduceUs(c.costs(), k.candidate[0], c.size(), c.treeArity, bytes);
+  std::string stale;
+  if (!stale_ && predicted > kStaleRatio * k.agreedUs[0]) {
+    stale_ = true;
+    stale = str("auto's model (", c.costs().source, ") predicts ", tenths(predicted), " us for ", name(k.candidate[0]),
+                " at ", sizeName(bytes), ", where the group measured ", tenths(k.agreedUs[0]),
+                " us: it was fitted on a busier machine");
+  }
   lock.unlock();
   if (onKept) onKept(line);
+  if (!stale.empty() && onStale) onStale(stale);
   return k.candidate[k.kept];
 }
 

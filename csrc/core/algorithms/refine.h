@@ -8,9 +8,12 @@
 // model finds close, the best and the runner-up predicted within
 // kCloseRatio:
 //
-//   ops 1..2K of the class   alternate the two candidates; each rank adds
-//                            up its own time of each, less its slowest run
-//                            (a one-off preemption, not the algorithm's)
+//   ops 1..2K of the class   the two candidates in turn, in blocks of kBlock
+//                            ops; each rank adds up its own time of each,
+//                            leaving out the first op of every block (it
+//                            absorbs the peers' skew from the op before,
+//                            which the steady state does not have) and its
+//                            slowest run (a one-off preemption)
 //   op 2K+1                  one SUM all-reduce of every rank's two totals
 //                            (a kCalibrate frame with a sequence number of
 //                            its own) gives every rank the same sums; the
@@ -19,6 +22,12 @@
 //   later ops                the kept one; after kRecheckOps of them the
 //                            class runs a new trial, so a machine whose
 //                            speeds change is followed
+//
+// The agreed times also check the model: where it predicted the model's
+// choice kStaleRatio times slower than the group measured, the tuning was
+// fitted on a busier machine (a calibration under load, then cached), and
+// onStale says so once, so that the cache can be dropped and the next group
+// calibrates again. Every rank sees the same sums, so all say it alike.
 //
 // Every rank sees the group's ops in the same order with the same sizes, so
 // every rank runs the same trials, agrees at the same op and keeps the same
@@ -39,9 +48,11 @@ namespace collx {
 
 class Refiner {
  public:
-  static constexpr int kTrials = 16;              // K: timed ops per candidate
+  static constexpr int kTrials = 16;              // K: trial ops per candidate
+  static constexpr int kBlock = 4;                // consecutive ops of one candidate
   static constexpr double kCloseRatio = 1.5;      // runner-up / best, predicted
   static constexpr uint64_t kRecheckOps = 4096;   // ops of a kept choice before a new trial
+  static constexpr double kStaleRatio = 3.0;      // predicted / measured that marks the model stale
 
   // What an auto all-reduce of `bytes` runs, where the model (with the
   // rules before it) chose `choice`. May run the agreement all-reduce on
@@ -55,8 +66,9 @@ class Refiner {
   // One line per class that has kept a choice, for the log and
   // backend.tuning: "refined: 64 KiB: ring (27.9 us) over direct (35.1 us)".
   std::string describe() const;
-  // Called with describe()'s line of a class when it keeps a choice.
-  std::function<void(const std::string&)> onKept;
+  // Called with describe()'s line of a class when it keeps a choice, and
+  // (once) with what shows the model stale.
+  std::function<void(const std::string&)> onKept, onStale;
 
  private:
   struct Class {
@@ -76,6 +88,7 @@ class Refiner {
   Class* pending_ = nullptr;  // the class whose trial the running op is
   int pendingIndex_ = 0;     // and its candidate
   uint64_t agreements_ = 0;
+  bool stale_ = false;
   Workspace scratch_;  // the agreement's, apart from the op's
 };
 

@@ -48,16 +48,16 @@ void Device::Windows::publish() {
 }
 
 void Device::Windows::checkPeers(const std::function<bool()>& ready) {
-  std::vector<pollfd> fds;
+  pollfds_.clear();  // kept across calls: no allocation on a wait path
   for (auto& p : device_.pairs_) {
-    if (p) fds.push_back({p->fd(), POLLIN, 0});
+    if (p) pollfds_.push_back({p->fd(), POLLIN, 0});
   }
   try {
-    const int rc = ::poll(fds.data(), fds.size(), 0);
+    const int rc = ::poll(pollfds_.data(), pollfds_.size(), 0);
     size_t i = 0;
     for (auto& p : device_.pairs_) {
       if (!p) continue;
-      if (rc > 0) p->afterSleep(fds[i].revents);
+      if (rc > 0) p->afterSleep(pollfds_[i].revents);
       ++i;
       p->checkControl();  // an abort or cancel frame in its ring, or its end
     }

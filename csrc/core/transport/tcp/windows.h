@@ -3,6 +3,8 @@
 // and waits that watch the pairs' sockets and rings for a peer's failure.
 #pragma once
 
+#include <poll.h>
+
 #include <memory>
 #include <vector>
 
@@ -38,6 +40,7 @@ class Device::Windows : public SharedWindows {
   std::vector<std::shared_ptr<shm::Segment>> segments_;
   std::vector<pid_t> pids_;
   bool readPeers_;
+  std::vector<pollfd> pollfds_;  // checkPeers()'s
 };
 
 }  // namespace collx::tcp
