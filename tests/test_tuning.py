@@ -111,7 +111,7 @@ def test_bad_file_is_a_clear_error(tmp_path):
 
 
 def _runs_every_class(rank, ws, stderr_path):
-    """40 auto all-reduces at each size from 4 B to 1 MiB: enough for online
+    """70 auto all-reduces at each size from 4 B to 1 MiB: enough for online
     refinement to try, and agree on, every class the model finds close.
     stderr goes to a file, to read the WARN line."""
     fd = os.open(f"{stderr_path}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -120,7 +120,7 @@ def _runs_every_class(rank, ws, stderr_path):
     ok = True
     for k in range(11):
         t = torch.ones(4 ** k)
-        for _ in range(40):
+        for _ in range(70):  # up to 4 candidates x 16 trial ops, then the agreement
             t.fill_(rank + 1)
             dist.all_reduce(t)
             ok = ok and bool((t == ws * (ws + 1) / 2).all())

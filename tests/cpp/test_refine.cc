@@ -101,6 +101,36 @@ void testAgreementOverrulesOneClock() {
   });
 }
 
+// Three algorithms predicted close: the trial runs each in turn, in blocks,
+// and keeps the one the group measured fastest, the last candidate here.
+void testThreeCandidates() {
+  Tuning t = closeModel();
+  t.cost[size_t(Algorithm::kStar)] = t.cost[size_t(Algorithm::kRing)];
+  auto us = [&](Algorithm a) { return predictAllreduceUs(t, a, kRanks, 2, kClose); };
+  CHECK(us(Algorithm::kStar) <= Refiner::kCloseRatio * us(Algorithm::kDirect) && us(Algorithm::kStar) > us(Algorithm::kRing),
+        "star is the third candidate: ", us(Algorithm::kStar), " us, ring ", us(Algorithm::kRing));
+  test::Group g(kRanks, [] {
+    tcp::DeviceOptions o;
+    o.transport = shm::Mode::kTcp;
+    return o;
+  }());
+  const Algorithm order[] = {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar};
+  test::runRanks(kRanks, [&](int r) {
+    Workspace ws;
+    Refiner refiner;
+    std::string line;
+    refiner.onKept = [&](const std::string& s) { line = s; };
+    const Collective c = collective(*g.devices[r], t, ws);
+    for (int i = 0; i < 3 * Refiner::kTrials; ++i) {
+      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+      CHECK(a == order[i / Refiner::kBlock % 3], "rank ", r, " trial ", i, ": ", name(a));
+      refiner.ran(a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 15.0 : 25.0);
+    }
+    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kStar, "rank ", r, " did not keep star");
+    CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (15.0 us)", line);
+  });
+}
+
 // The real path: auto all-reduces of sizes within one class, with the
 // refiner set, each checked against the locally computed sum; every rank
 // must run the same algorithm at every op, take turns during the trial and
@@ -139,6 +169,7 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
 
 int main() {
   testAgreementOverrulesOneClock();
+  testThreeCandidates();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.
   testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);

@@ -102,10 +102,15 @@ class Calibration {
       const size_t count = kCalibrationSizes[k] / sizeof(float);
       // One warm-up per size, which grows the shared workspace to it.
       allreduce(Algorithm::kRing, DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
-      // Rounds interleave the algorithms, so that a drift of the machine hits all alike.
+      // Rounds interleave the algorithms, so that a drift of the machine hits
+      // all alike. Each timed op follows an untimed one of its algorithm:
+      // the first op after another algorithm absorbs the skew that one left
+      // between the ranks, which the steady state does not have (it once
+      // made the ring look 2-3x slower than it runs at n=3 and n=4).
       std::vector<std::vector<double>> us(algos);
       auto round = [&] {
         for (size_t a = 0; a < algos; ++a) {
+          allreduce(kFlatAlgorithms[a], DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
           const auto t0 = Clock::now();
           allreduce(kFlatAlgorithms[a], DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
           us[a].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
@@ -113,9 +118,9 @@ class Calibration {
       };
       round();
       // How many more rounds fit the budget, from the first round's agreed
-      // (slowest rank's) time: every rank must run the same number.
+      // (slowest rank's) time, both ops of each: every rank must run the same number.
       double first = 0;
-      for (auto& u : us) first += u[0];
+      for (auto& u : us) first += 2 * u[0];
       allreduce(Algorithm::kDirect, DataType::kFloat64, ReduceOp::kMax, &first, 1);
       const int more = std::min(kMaxRounds[k] - 1, int(kRoundBudgetUs[k] / std::max(first, 1.0)));
       for (int r = 0; r < more; ++r) round();

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <limits>
+#include <utility>
+#include <vector>
 
 #include "../error.h"
 #include "../reduce/reduce.h"
-#include "tuning.h"
 
 namespace collx {
 
@@ -47,37 +47,45 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   auto [it, fresh] = classes_.try_emplace(cls);
   Class& k = it->second;
   if (fresh) {
+    // The model's choice, then every other flat algorithm predicted within
+    // kCloseRatio of it, nearest first.
     const Tuning& t = c.costs();
     const double best = predictAllreduceUs(t, choice, c.size(), c.treeArity, bytes);
-    double runnerUp = std::numeric_limits<double>::infinity();
+    std::vector<std::pair<double, Algorithm>> close;
     for (Algorithm a : kFlatAlgorithms) {
       const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
-      if (a != choice && us < runnerUp) runnerUp = us, k.candidate[1] = a;
+      if (a != choice && us <= kCloseRatio * best) close.emplace_back(us, a);
     }
-    k.candidate[0] = choice;
-    k.trial = runnerUp <= kCloseRatio * best;
+    std::sort(close.begin(), close.end());
+    k.candidate[k.count++] = choice;
+    for (const auto& [us, a] : close) k.candidate[k.count++] = a;
   }
-  if (!k.trial) return choice;
+  if (k.count < 2) return choice;
+  const int m = k.count;
   if (k.kept >= 0) {
     if (++k.keptOps <= kRecheckOps) return k.candidate[k.kept];
-    k = Class{true, {k.candidate[0], k.candidate[1]}};  // a new trial
+    Class again;  // a new trial
+    again.count = m;
+    std::copy(k.candidate, k.candidate + m, again.candidate);
+    k = again;
   }
-  if (k.runs < 2 * kTrials) {
+  if (k.runs < m * kTrials) {
     const int run = k.runs++;
-    pendingIndex_ = run / kBlock % 2;
+    pendingIndex_ = run / kBlock % m;
     if (run % kBlock != 0) pending_ = &k;  // the block's first op is not counted
-    return k.candidate[run / kBlock % 2];
+    return k.candidate[pendingIndex_];
   }
-  double sums[2] = {k.us[0] - k.slowest[0], k.us[1] - k.slowest[1]};
+  double sums[kMax];
+  for (int i = 0; i < m; ++i) sums[i] = k.us[i] - k.slowest[i];
   lock.unlock();  // describe() need not wait for the peers
   Collective agree{c.transport, OpKind::kCalibrate, DataType::kFloat64, kRefineSeq + agreements_++, c.deadline,
                    c.segmentBytes, c.treeArity, scratch_, c.tuning};
-  directAllreduce(agree, sums, 2, cpuReduceFn(DataType::kFloat64, ReduceOp::kSum));
+  directAllreduce(agree, sums, size_t(m), cpuReduceFn(DataType::kFloat64, ReduceOp::kSum));
   lock.lock();
-  k.kept = sums[1] < sums[0] ? 1 : 0;
+  k.kept = int(std::min_element(sums, sums + m) - sums);  // ties: the model's order
   k.keptOps = 1;  // this op
   constexpr int kCounted = kTrials - kTrials / kBlock - 1;  // less first ops, less the slowest
-  for (int i = 0; i < 2; ++i) k.agreedUs[i] = sums[i] / (double(c.size()) * kCounted);
+  for (int i = 0; i < m; ++i) k.agreedUs[i] = sums[i] / (double(c.size()) * kCounted);
   const std::string line = describe(cls, k);
   const double predicted = predictAllreduceUs(c.costs(), k.candidate[0], c.size(), c.treeArity, bytes);
   std::string stale;
@@ -109,9 +117,12 @@ Algorithm Refiner::kept(size_t bytes, Algorithm choice) const {
 }
 
 std::string Refiner::describe(size_t bytes, const Class& k) {
-  const int other = 1 - k.kept;
-  return str("refined: ", sizeName(bytes), ": ", name(k.candidate[k.kept]), " (", tenths(k.agreedUs[k.kept]),
-             " us) over ", name(k.candidate[other]), " (", tenths(k.agreedUs[other]), " us)");
+  auto timed = [&](int i) { return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)"); };
+  std::string out = str("refined: ", sizeName(bytes), ": ", timed(k.kept), " over ");
+  for (int i = 0, listed = 0; i < k.count; ++i) {
+    if (i != k.kept) out += (listed++ ? ", " : "") + timed(i);
+  }
+  return out;
 }
 
 std::string Refiner::describe() const {

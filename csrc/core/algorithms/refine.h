@@ -2,22 +2,24 @@
 // group's own ops.
 //
 // The fitted model (tuning.h) is a line per algorithm through a few
-// calibrated sizes. Near a crossover, where it predicts two flat algorithms
-// close, the line can be off enough to pick the slower one. So, per size
-// class (the power of two at or below an op's bytes) whose first op the
-// model finds close, the best and the runner-up predicted within
-// kCloseRatio:
+// calibrated sizes, timed in a few rounds. Near a crossover, where it
+// predicts flat algorithms close, the line can be off enough to pick a
+// slower one; on a machine with more ranks than cores it measured one
+// algorithm up to 2.2x off. So, per size class (the power of two at or below
+// an op's bytes) whose first op the model finds close, the candidates are
+// the model's choice and every flat algorithm predicted within kCloseRatio
+// of it (m of them):
 //
-//   ops 1..2K of the class   the two candidates in turn, in blocks of kBlock
+//   ops 1..mK of the class   the candidates in turn, in blocks of kBlock
 //                            ops; each rank adds up its own time of each,
 //                            leaving out the first op of every block (it
 //                            absorbs the peers' skew from the op before,
 //                            which the steady state does not have) and its
 //                            slowest run (a one-off preemption)
-//   op 2K+1                  one SUM all-reduce of every rank's two totals
+//   op mK+1                  one SUM all-reduce of every rank's m totals
 //                            (a kCalibrate frame with a sequence number of
 //                            its own) gives every rank the same sums; the
-//                            class keeps the faster candidate, then runs
+//                            class keeps the fastest candidate, then runs
 //                            the op with it
 //   later ops                the kept one; after kRecheckOps of them the
 //                            class runs a new trial, so a machine whose
@@ -37,12 +39,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
 
 #include "algorithms.h"
 #include "collective.h"
+#include "tuning.h"
 
 namespace collx {
 
@@ -50,7 +54,7 @@ class Refiner {
  public:
   static constexpr int kTrials = 16;              // K: trial ops per candidate
   static constexpr int kBlock = 4;                // consecutive ops of one candidate
-  static constexpr double kCloseRatio = 1.5;      // runner-up / best, predicted
+  static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
   static constexpr uint64_t kRecheckOps = 4096;   // ops of a kept choice before a new trial
   static constexpr double kStaleRatio = 3.0;      // predicted / measured that marks the model stale
 
@@ -71,14 +75,15 @@ class Refiner {
   std::function<void(const std::string&)> onKept, onStale;
 
  private:
+  static constexpr int kMax = int(std::size(kFlatAlgorithms));
   struct Class {
-    bool trial = false;           // the model found two candidates close
-    Algorithm candidate[2]{};     // its best, then the runner-up
-    int runs = 0;                 // trial ops so far
-    double us[2] = {0, 0};        // this rank's total per candidate
-    double slowest[2] = {0, 0};   // and its slowest run
-    double agreedUs[2] = {0, 0};  // the group's mean per op, once kept
-    int kept = -1;                // the index kept, once agreed
+    int count = 0;                 // candidates; a trial needs two or more
+    Algorithm candidate[kMax]{};   // the model's choice, then by prediction
+    int runs = 0;                  // trial ops so far
+    double us[kMax] = {};          // this rank's total per candidate
+    double slowest[kMax] = {};     // and its slowest run
+    double agreedUs[kMax] = {};    // the group's mean per op, once kept
+    int kept = -1;                 // the index kept, once agreed
     uint64_t keptOps = 0;
   };
   static std::string describe(size_t bytes, const Class& k);
