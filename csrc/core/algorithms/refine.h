@@ -23,7 +23,9 @@
 //                            the op with it
 //   later ops                the kept one; after kRecheckOps of them the
 //                            class runs a new trial, so a machine whose
-//                            speeds change is followed
+//                            speeds change is followed (rarely: at 4096,
+//                            a new trial's slower candidates showed as up
+//                            to 1.9x on a benchmark point)
 //
 // The agreed times also check the model: where it predicted the model's
 // choice kStaleRatio times slower than the group measured, the tuning was
@@ -55,7 +57,7 @@ class Refiner {
   static constexpr int kTrials = 16;              // K: trial ops per candidate
   static constexpr int kBlock = 4;                // consecutive ops of one candidate
   static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
-  static constexpr uint64_t kRecheckOps = 4096;   // ops of a kept choice before a new trial
+  static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
   static constexpr double kStaleRatio = 3.0;      // predicted / measured that marks the model stale
 
   // What an auto all-reduce of `bytes` runs, where the model (with the
