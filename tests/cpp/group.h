@@ -4,14 +4,29 @@
 // transport = shm::Mode::kTcp for sockets.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "../../csrc/core/algorithms/collective.h"
+#include "../../csrc/core/error.h"
+#include "../../csrc/core/reduce/reduce.h"
 #include "../../csrc/core/transport/tcp/device.h"
 #include "check.h"
 #include "memory_store.h"
 
 namespace collx::test {
+
+// Options for a Device on `mode`, reading its peers' memory where allowed
+// unless readPeers is false.
+inline tcp::DeviceOptions over(shm::Mode mode, bool readPeers = true) {
+  tcp::DeviceOptions o;
+  o.transport = mode;
+  o.readPeers = readPeers;
+  return o;
+}
 
 struct Group {
   MemoryStore store;
@@ -20,5 +35,32 @@ struct Group {
     runRanks(size, [&](int r) { devices[r] = std::make_unique<tcp::Device>(store, r, size, options); });
   }
 };
+
+using AllreduceFn = void (*)(const Collective&, void*, size_t, ReduceFn);
+
+// Rank 0 of a new 2-rank group runs `allreduce` over `count` floats while
+// rank 1 closes its device after 50 ms (as a killed process's sockets
+// close); returns rank 0's error.
+inline std::string errorWhenPeerLeaves(AllreduceFn allreduce, size_t count) {
+  Group g(2, over(shm::Mode::kShm));
+  std::string error;
+  test::runRanks(2, [&](int r) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      g.devices[1]->close();
+      return;
+    }
+    std::vector<float> buf(count, 1.0f);
+    Workspace ws;
+    Collective c{*g.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
+                 1 << 16, 2, ws};
+    try {
+      allreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  return error;
+}
 
 }  // namespace collx::test

@@ -52,11 +52,7 @@ Algorithm trialAlgorithm(int i) { return i / Refiner::kBlock % 2 == 0 ? Algorith
 // rank's slowest run of each are left out.
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
-  test::Group g(kRanks, [] {
-    tcp::DeviceOptions o;
-    o.transport = shm::Mode::kTcp;
-    return o;
-  }());
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
     Refiner refiner;
@@ -109,11 +105,7 @@ void testThreeCandidates() {
   auto us = [&](Algorithm a) { return predictAllreduceUs(t, a, kRanks, 2, kClose); };
   CHECK(us(Algorithm::kStar) <= Refiner::kCloseRatio * us(Algorithm::kDirect) && us(Algorithm::kStar) > us(Algorithm::kRing),
         "star is the third candidate: ", us(Algorithm::kStar), " us, ring ", us(Algorithm::kRing));
-  test::Group g(kRanks, [] {
-    tcp::DeviceOptions o;
-    o.transport = shm::Mode::kTcp;
-    return o;
-  }());
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
   const Algorithm order[] = {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar};
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
@@ -137,9 +129,7 @@ void testThreeCandidates() {
 // keep one after it, whatever its clock said.
 void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
   const Tuning t = closeModel(close);
-  tcp::DeviceOptions o;
-  o.transport = mode;
-  test::Group g(kRanks, o);
+  test::Group g(kRanks, test::over(mode));
   const int ops = 2 * Refiner::kTrials + 6;
   std::vector<std::vector<Algorithm>> ran(kRanks);
   test::runRanks(kRanks, [&](int r) {

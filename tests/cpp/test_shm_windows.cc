@@ -1,0 +1,253 @@
+// The collectives in shared windows (algorithms/shm_chunks.h): the
+// all-reduce's failures (a mismatch before any byte is written, a timeout
+// naming the missing peer, a peer that leaves), the other collectives'
+// mismatches, hundreds of mixed ops back to back with a lagging rank, with
+// and without reading the peers' buffers in place, buffers refilled at once
+// after an all-gather read in place, and a peer's cancel seen by a windows
+// op, which receives no message.
+#include <algorithm>
+#include <thread>
+
+#include "../../csrc/core/algorithms/algorithms.h"
+#include "../../csrc/core/error.h"
+#include "../../csrc/core/reduce/reduce.h"
+#include "check.h"
+#include "group.h"
+
+using namespace collx;
+
+namespace {
+
+using test::Group;
+using test::errorWhenPeerLeaves;
+using test::over;
+
+// The all-reduce in shared windows: a count mismatch fails every rank before
+// a byte of its buffer is written; a peer that never comes is a timeout that
+// names it; one that goes away fails the waiter at once.
+void testWindowsAllreduceFailures() {
+  Group g(3, over(shm::Mode::kShm));
+  std::vector<std::string> errors(3);
+  std::vector<char> untouched(3, 0);  // not vector<bool>: each rank writes its own element
+  test::runRanks(3, [&](int r) {
+    CHECK(g.devices[r]->sharedWindows() != nullptr, "a group on one host has shared windows");
+    std::vector<float> buf(r == 2 ? 1000 : 1001, float(r + 1));
+    Workspace ws;
+    Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
+                 1 << 16, 2, ws};
+    try {
+      shmAllreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+    untouched[r] = std::all_of(buf.begin(), buf.end(), [&](float v) { return v == float(r + 1); });
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(errors[r].find("mismatched collective") != std::string::npos ||
+              errors[r].find("aborted the group") != std::string::npos,
+          "rank ", r, ": ", errors[r]);
+    CHECK(untouched[r], "rank ", r, ": its buffer was written despite the mismatch");
+  }
+
+  Group lone(2, over(shm::Mode::kShm));
+  std::vector<float> buf(10, 1.0f);
+  Workspace ws;
+  Collective c{*lone.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1,
+               Clock::now() + std::chrono::milliseconds(300), 1 << 16, 2, ws};
+  std::string error;
+  try {
+    shmAllreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+  } catch (const TimeoutError& e) {
+    error = e.what();
+  }
+  CHECK(error.find("Timed out waiting for peer(s) 1 to have posted") != std::string::npos, "got: ", error);
+
+  auto start = Clock::now();
+  error = errorWhenPeerLeaves(shmAllreduce, 10);
+  CHECK(error.find("closed by the peer") != std::string::npos, "got: ", error);
+  CHECK(Clock::now() - start < std::chrono::seconds(5), "the departed peer was noticed only at the deadline");
+
+  // Shut down (Backend::shutdown calls interrupt) while waiting on a peer
+  // that never comes: the op fails at once, not at its deadline.
+  Group down(2, over(shm::Mode::kShm));
+  start = Clock::now();
+  error.clear();
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    down.devices[0]->interrupt();
+  });
+  Collective c1{*down.devices[0], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
+                1 << 16, 2, ws};
+  try {
+    shmAllreduce(c1, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  stopper.join();
+  CHECK(error.find("shut down") != std::string::npos, "got: ", error);
+  CHECK(Clock::now() - start < std::chrono::seconds(5), "a shutdown was noticed only at the deadline");
+}
+
+// The other collectives in shared windows check the op's identity too, the
+// root of a broadcast included: ranks that disagree fail before any of them
+// writes a byte of its buffer; through the windows, or reading the peers'
+// memory.
+void testWindowsMismatch(bool readPeers) {
+  Group g(3, over(shm::Mode::kShm, readPeers));
+  std::vector<std::string> errors(3);
+  std::vector<char> untouched(3, 0);
+  test::runRanks(3, [&](int r) {
+    const size_t block = readPeers ? 300000 : 5000;  // over a half: all-gather reads in place
+    std::vector<int32_t> buf(3 * block, r + 1);
+    Workspace ws;
+    Collective c{*g.devices[r], r == 2 ? OpKind::kAllgather : OpKind::kBroadcast, DataType::kInt32, 1,
+                 Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
+    try {
+      if (r == 2) {
+        shmAllgather(c, buf.data(), block);
+      } else {
+        shmBroadcast(c, buf.data(), buf.size(), r);  // each thinks itself the root
+      }
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+    untouched[r] = std::all_of(buf.begin(), buf.end(), [&](int32_t v) { return v == r + 1; });
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(errors[r].find("mismatched collective") != std::string::npos ||
+              errors[r].find("aborted the group") != std::string::npos,
+          "rank ", r, ": ", errors[r]);
+    CHECK(untouched[r], "rank ", r, ": its buffer was written despite the mismatch");
+  }
+  CHECK(errors[0].find("root 1") != std::string::npos || errors[0].find("all_gather") != std::string::npos,
+        "rank 0 names what the peer runs: ", errors[0]);
+}
+
+// The shared-memory collectives back to back, each rank running on without
+// waiting for the others between ops, one of them lagging now and then: a
+// rank may post its next op's first chunk before a slower peer has checked
+// this one's identity (which once read as a mismatch), and every value must
+// still come out right. All-gather and broadcast run through the windows
+// or, with readPeers, straight from the peers' buffers, whose owners must
+// not move on (and overwrite them) before every peer has read.
+void testWindowsBackToBack(bool readPeers) {
+  const int n = 3;
+  Group g(n, over(shm::Mode::kShm, readPeers));
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
+    for (uint64_t seq = 1; seq <= 600; ++seq) {
+      if (r == int(seq % n) && seq % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      // Some blocks are over a half, so that all-gather reads in place.
+      const size_t block = seq % 10 == 9 ? 300000 : 1 + seq % 5 * 1000;
+      const OpKind kinds[] = {OpKind::kReduceScatter, OpKind::kAllgather, OpKind::kBroadcast, OpKind::kAllreduce};
+      const OpKind kind = kinds[seq % 4];
+      Collective c{*g.devices[r], kind, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20), 1 << 16, 2,
+                   ws};
+      std::vector<int32_t> buf(n * block);
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = int32_t(i % 101) * (r + 1);
+      const int root = int(seq % n);
+      auto want = [&](size_t i) {  // element i of the result, where this rank has one
+        const int32_t v = int32_t(i % 101);
+        switch (kind) {
+          case OpKind::kBroadcast: return v * (root + 1);
+          case OpKind::kAllgather: return v * int32_t(i / block + 1);
+          default: return v * (n * (n + 1) / 2);
+        }
+      };
+      size_t lo = 0, hi = buf.size();
+      switch (kind) {
+        case OpKind::kReduceScatter: {
+          std::vector<const void*> blocks;
+          for (int q = 0; q < n; ++q) blocks.push_back(buf.data() + size_t(q) * block);
+          shmReduceScatter(c, blocks, buf.data() + size_t(r) * block, block, sum);
+          lo = r * block, hi = lo + block;
+          break;
+        }
+        case OpKind::kAllgather: shmAllgather(c, buf.data(), block); break;
+        case OpKind::kBroadcast: shmBroadcast(c, buf.data(), buf.size(), root); break;
+        default: shmAllreduce(c, buf.data(), buf.size(), sum);
+      }
+      for (size_t i = lo; i < hi; ++i) {
+        CHECK(buf[i] == want(i), name(kind), " #", seq, " rank ", r, " element ", i, ": ", buf[i], " != ", want(i));
+      }
+    }
+  });
+}
+
+// All-gathers that read the peers' buffers in place, each rank refilling
+// its buffer for the next op as soon as one returns (as a training loop
+// does): no rank may return while a peer still reads its buffer, or that
+// peer copies some of the next op's values.
+void testReadInPlaceKeepsBuffers() {
+  const int n = 3;
+  const size_t block = 300000;  // over a half
+  Group g(n, over(shm::Mode::kShm));
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    std::vector<int32_t> buf(n * block);
+    for (uint64_t seq = 1; seq <= 100; ++seq) {
+      std::fill(buf.begin(), buf.end(), int32_t(seq * 10 + r));
+      Collective c{*g.devices[r], OpKind::kAllgather, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20),
+                   1 << 16, 2, ws};
+      shmAllgather(c, buf.data(), block);
+      for (int q = 0; q < n; ++q) {
+        const auto from = buf.begin() + q * block;
+        CHECK(std::all_of(from, from + block, [&](int32_t v) { return v == int32_t(seq * 10 + q); }),
+              "all_gather #", seq, " rank ", r, ": block ", q, " holds another op's values");
+      }
+    }
+  });
+}
+
+// Rank 1 rejects op #1 (cancels it) while rank 0, its root, sends and so
+// finishes it; both then run a one-round shm all-reduce #2, which needs no
+// message. Both must fail it, as they would over TCP, with the cause:
+// rank 0 with rank 1's reason, rank 1 because rank 0 ran what it rejected.
+void testCancelBeforeWindowsOp() {
+  Group g(2, over(shm::Mode::kShm));
+  std::vector<std::string> errors(2);
+  test::runRanks(2, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    Workspace ws;
+    const Deadline deadline = Clock::now() + std::chrono::seconds(20);
+    std::vector<float> buf(8, 1.0f);
+    try {
+      if (r == 1) {
+        d.cancel(1, OpKind::kBroadcast, "the root was out of range here", deadline);
+      } else {
+        Collective c{d, OpKind::kBroadcast, DataType::kFloat32, 1, deadline, 1 << 16, 2, ws};
+        broadcast(c, buf.data(), buf.size(), 0);
+      }
+    } catch (const Error& e) {
+      errors[r] = str("#1: ", e.what());
+      return;
+    }
+    Collective c{d, OpKind::kAllreduce, DataType::kFloat32, 2, deadline, 1 << 16, 2, ws};
+    try {
+      shmAllreduce(c, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  CHECK(errors[0].find("peer 1 did not run broadcast #1, which failed there: the root was out of range here") !=
+            std::string::npos,
+        "rank 0: ", errors[0]);
+  CHECK(errors[1].find("which this rank rejected") != std::string::npos ||
+            errors[1].find("aborted the group") != std::string::npos,
+        "rank 1: ", errors[1]);
+}
+
+}  // namespace
+
+int main() {
+  testWindowsAllreduceFailures();
+  for (bool readPeers : {false, true}) {
+    testWindowsMismatch(readPeers);
+    testWindowsBackToBack(readPeers);
+  }
+  testReadInPlaceKeepsBuffers();
+  testCancelBeforeWindowsOp();
+  std::printf("shm windows: failures, mismatches, back to back, read in place, cancel ok\n");
+  return 0;
+}
