@@ -238,12 +238,21 @@ def shm_vs_tcp(rows):
 def auto_vs_best(rows, groups, args):
     """Per size: what auto chose (the group's fitted model, COLLX_TUNING) and
     how its time compares with the fastest forced algorithm's. Timed apart
-    from the table, interleaved: --rounds rounds, each running a few ops of
-    every collx group in turn, so that a drift of the machine hits all alike;
-    a group's time is its median round (per-op mean, max over ranks).
+    from the table, interleaved: rounds that each run every collx group in
+    turn for about half a millisecond of ops (one op at least), so that a
+    drift of the machine hits all alike, for --time-per-point per group and
+    at least --rounds rounds; a group's time is its median round (per-op
+    mean, max over ranks). Fine turns matter: at n=4 on 2 cores, two groups
+    running the same algorithm differed by up to 1.24x in 5 rounds of 60
+    ops, and by 1.03x in 60 rounds of 5.
     auto/best: the auto group over the best forced group. choice/best: the
     forced group of the algorithm auto chose over the best: the model's own
-    error, free of the auto group's separate setup."""
+    error, free of the auto group's separate setup.
+
+    This is auto's steady state: first the auto group runs the size until
+    its online refinement (refine.h) has finished trying algorithms there;
+    'trial' is how many ops that took here, after the table's (whose auto
+    row includes the trial's slower candidates)."""
     for prefix in collx_sets(groups):
         auto_vs_best_of(prefix, rows, groups, args)
 
@@ -257,16 +266,22 @@ def auto_vs_best_of(prefix, rows, groups, args):
     group_of = dict(groups)
     backend = group_of[auto]._get_backend(torch.device("cpu"))
     if rank == 0:
-        print(f"# {prefix}: auto against the best forced algorithm, {args.rounds} interleaved rounds; "
+        print(f"# {prefix}: auto against the best forced algorithm, interleaved in rounds (at least {args.rounds}); "
               f"{backend.tuning}")
-        print(f"#   {'size(B)':>10s}  {'auto ran':<8s} {'best':<8s} {'auto/best':>9s} {'choice/best':>11s}")
+        print(f"#   {'size(B)':>10s}  {'auto ran':<8s} {'best':<8s} {'auto/best':>9s} {'choice/best':>11s} "
+              f"{'trial':>5s}")
     worst = [0.0, 0.0]
     for size in sorted({r["bytes"] for r in rows}):
         estimate = max(r["p50_us"] for r in rows if r["bytes"] == size and r["name"] in names) / 1e6
-        k = int(min(1000, max(1, args.time_per_point / args.rounds / estimate)))
+        k = int(min(20, max(1, 5e-4 / estimate)))
+        rounds = int(min(200, max(args.rounds, args.time_per_point / (k * estimate))))
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=args.device)
+        trial = 0  # every rank sees the same ops, so all leave the loop together
+        while backend.refining(size) and trial < 100:
+            run_ops(group_of[auto], buf, 1)
+            trial += 1
         per_round = {g: [] for g in names}
-        for rnd in range(args.rounds):
+        for rnd in range(rounds):
             order = names[rnd % len(names):] + names[:rnd % len(names)]
             for g in order:
                 run_ops(group_of[g], buf, 1)  # re-warm after the other groups
@@ -280,8 +295,8 @@ def auto_vs_best_of(prefix, rows, groups, args):
         worst = [max(w, r) for w, r in zip(worst, ratios)]
         if rank == 0:
             cut = len(prefix) + 1
-            print(f"#   {size:>10d}  {chose[cut:]:<8s} {best[cut:]:<8s} {ratios[0]:>9.2f} {ratios[1]:>11.2f}",
-                  flush=True)
+            print(f"#   {size:>10d}  {chose[cut:]:<8s} {best[cut:]:<8s} {ratios[0]:>9.2f} {ratios[1]:>11.2f} "
+                  f"{trial:>5d}", flush=True)
     if rank == 0:
         print(f"# worst over sizes: auto/best {worst[0]:.2f}, choice/best {worst[1]:.2f}", flush=True)
 
@@ -342,7 +357,8 @@ def main():
     p.add_argument("--max-size", default="64M", help="largest size (default 64M)")
     p.add_argument("--time-per-point", type=float, default=0.5, help="seconds per point")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of auto against the forced algorithms")
+    p.add_argument("--rounds", type=int, default=9,
+                   help="fewest interleaved rounds of auto against the forced algorithms")
     p.add_argument("--tree-arity", type=int, help="passed to torchcollx.Options")
     p.add_argument("--segment-bytes", type=parse_size, help="passed to torchcollx.Options")
     p.add_argument("--loopback-mb", type=int, default=256, help="MB per direction")

@@ -306,13 +306,12 @@ def check_stats(rank, ws, fail):
                 fail(f"{algo}: labels after {k} all_reduce: {sorted(labels)}")
         else:
             # The group's choice, or, while online refinement tries this size
-            # class (refine.h), that and the runner-up in turn, in blocks of
-            # kBlock = 4 ops, starting with the choice.
+            # class (refine.h), the candidates in turn, in blocks of 16, 8 or
+            # 4 ops, starting with the choice: k = 5 ops see it, or it and the next.
             choice = "all_reduce/" + g._get_backend(torch.device("cpu")).choose_allreduce(nbytes)
             calls = {label: v["calls"] for label, v in labels.items()}
             others = sorted(set(calls) - {choice})
-            first = sum(1 for i in range(k) if i // 4 % 2 == 0)
-            in_turn = len(others) == 1 and calls.get(choice) == first and calls[others[0]] == k - first
+            in_turn = len(others) == 1 and calls.get(choice) == 4 and calls[others[0]] == k - 4
             if calls != {choice: k} and not in_turn:
                 fail(f"auto: labels after {k} all_reduce of one size: {calls}, but the group's model "
                      f"chooses {choice}, or that and one other in turn")

@@ -139,6 +139,8 @@ class CollxBackend : public c10d::Backend {
   // (rendezvous.h), and what "auto" runs for an all-reduce of `bytes` here.
   std::vector<int> hosts() const;
   Algorithm autoAllreduce(size_t bytes) const;
+  // Whether online refinement is still trying algorithms for `bytes`.
+  bool refining(size_t bytes) const { return refiner_.trying(bytes); }
   const Tuning& tuning() const { return tuning_; }
   // The model's constants and crossovers, then what online refinement kept.
   std::string describeTuning() const;

@@ -146,6 +146,8 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "choose_allreduce", [](const CollxBackend& b, size_t nbytes) { return std::string(collx::name(b.autoAllreduce(nbytes))); },
           py::arg("nbytes"), "The algorithm 'auto' runs for an all-reduce of nbytes on this group (hosts, then the cost model).")
+      .def("refining", &CollxBackend::refining, py::arg("nbytes"),
+           "Whether auto is still trying algorithms for all-reduces of nbytes (online refinement's trial).")
       .def_property_readonly("algorithm", [](const CollxBackend& b) { return collx::name(b.config().algorithm); })
       .def_property_readonly(
           "transport", [](const CollxBackend& b) { return b.transportNote(); },

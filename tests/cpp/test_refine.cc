@@ -2,8 +2,10 @@
 // keep the algorithm the group's summed times favour, even where one rank's
 // own clock says otherwise; trials take turns in blocks alike on every rank; classes
 // the model finds clear-cut run no trial; a kept choice is re-tried after
-// kRecheckOps; a model far slower than the measured times is said stale,
-// once; and the real all-reduce path stays correct through it.
+// kRecheckOps; algorithms far off but cheap to try are tried; a class of
+// slow ops runs a shorter trial; a model far slower
+// than the measured times is said stale, once; and the real all-reduce path
+// stays correct through it.
 #include <cstring>
 
 #include "../../csrc/core/algorithms/refine.h"
@@ -21,8 +23,7 @@ constexpr int kRanks = 3;
 constexpr size_t kClose = 256 << 10;  // where the model finds direct and ring close
 
 // A model with direct predicted 0.8x ring at `close` bytes, tree and star far
-// off: direct and ring are the two candidates there, and at 8 B ring's four
-// steps to direct's one put them far apart.
+// off and slow: direct and ring are the two candidates there.
 Tuning closeModel(size_t close = kClose) {
   Tuning t = Tuning::table();
   t.cost[size_t(Algorithm::kRing)] = {0.1, 1000.0};
@@ -34,7 +35,6 @@ Tuning closeModel(size_t close = kClose) {
     t.cost[size_t(Algorithm::kDirect)].bytesPerUs *= 1.02;
   }
   CHECK(chooseAllreduce(t, kRanks, 2, close) == Algorithm::kDirect, "the model picks direct at ", close, " B");
-  CHECK(us(Algorithm::kRing, 8) > Refiner::kCloseRatio * us(Algorithm::kDirect, 8), "clear-cut at 8 B");
   return t;
 }
 
@@ -43,15 +43,24 @@ Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uint64_t s
                     512 << 10, 2, ws, &t};
 }
 
-// The candidate of trial op i: blocks of kBlock, the model's choice first.
-Algorithm trialAlgorithm(int i) { return i / Refiner::kBlock % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing; }
+// The ops of a trial among `candidates` in blocks of `block`.
+int trialOps(int candidates, int block) { return candidates * Refiner::kBlocks * block; }
+
+// The candidate of trial op i between direct (the model's choice) and ring.
+Algorithm trialAlgorithm(int i, int block) { return i / block % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing; }
+
+int blockAt(const Tuning& t, size_t bytes) {
+  return Refiner::blockFor(predictAllreduceUs(t, chooseAllreduce(t, kRanks, 2, bytes), kRanks, 2, bytes));
+}
 
 // Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
 // against 30): summed, ring wins (50 against 70 per trial pair), and every
-// rank keeps ring, rank 0 included. The first op of each block and each
-// rank's slowest run of each are left out.
+// rank keeps ring, rank 0 included. The first op of each block and the
+// slowest quarter of each candidate's runs are left out.
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
+  const int block = blockAt(t, kClose), skip = Refiner::skipped(block);
+  CHECK(block == Refiner::kMaxBlock, "blocks of ", block, " at 256 KiB");
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
@@ -61,13 +70,14 @@ void testAgreementOverrulesOneClock() {
     refiner.onKept = [&](const std::string& s) { line = s; };
     refiner.onStale = [&](const std::string& s) { stale = s, ++staleCalls; };
     const Collective c = collective(*g.devices[r], t, ws);
-    for (int i = 0; i < 2 * Refiner::kTrials; ++i) {
+    for (int i = 0; i < trialOps(2, block); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
-      CHECK(a == trialAlgorithm(i), "rank ", r, " trial ", i, ": ", name(a), " != ", name(trialAlgorithm(i)));
+      CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       const bool direct = a == Algorithm::kDirect;
-      // Neither the first op of a block (the switch) nor one slow run of
-      // each (at 1 and 5) counts, on any rank.
-      const double slow = i % Refiner::kBlock == 0 ? 500.0 : i == 1 || i == 5 ? 1000.0 : 0.0;
+      // Neither the first ops of a block (after the switch) nor the slow
+      // runs count, on any rank: direct's first three (cold) and one of ring's.
+      const bool slowRun = (i >= skip && i < skip + 3) || i == block + skip;
+      const double slow = i % block < skip ? 500.0 : slowRun ? 1000.0 : 0.0;
       refiner.ran(slow + (r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0)));
       CHECK(refiner.kept(kClose, Algorithm::kDirect) == Algorithm::kDirect, "nothing kept during the trial");
     }
@@ -83,17 +93,55 @@ void testAgreementOverrulesOneClock() {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
       refiner.ran(1.0);
     }
-    for (int i = 0; i < 2 * Refiner::kTrials; ++i) {
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i), "a new trial, op ", i);
+    for (int i = 0; i < trialOps(2, block); ++i) {
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "a new trial, op ", i);
       refiner.ran(r == 0 ? 10.0 : 30.0);
     }
     CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kDirect, "the new trial keeps direct");
     CHECK(staleCalls == 1, "stale said again");
-    // Clear-cut, and a choice auto takes by rule: no trial.
-    for (int i = 0; i < 3 * Refiner::kTrials; ++i) {
-      CHECK(refiner.choose(c, 8, Algorithm::kDirect) == Algorithm::kDirect, "a trial at 8 B");
+    // Clear-cut (the others predicted far off and slow), and a choice auto
+    // takes by rule: no trial.
+    Tuning far = t;
+    far.cost[size_t(Algorithm::kRing)] = {1e6, 1.0};
+    const Collective cFar = collective(*g.devices[r], far, ws);
+    for (int i = 0; i < 200; ++i) {
+      CHECK(refiner.choose(cFar, 8, Algorithm::kDirect) == Algorithm::kDirect, "a trial at 8 B");
       CHECK(refiner.choose(c, kClose, Algorithm::kHierarchical) == Algorithm::kHierarchical, "hier refined");
     }
+    // Far off but cheap: at 64 B ring's four steps are predicted 4x direct's
+    // one, a few us, so ring is tried too.
+    CHECK(predictAllreduceUs(t, Algorithm::kRing, kRanks, 2, 64) >
+              Refiner::kCloseRatio * predictAllreduceUs(t, Algorithm::kDirect, kRanks, 2, 64),
+          "ring is not within kCloseRatio at 64 B");
+    for (int i = 0; i < 2 * blockAt(t, 64); ++i) {
+      CHECK(refiner.choose(c, 64, Algorithm::kDirect) == trialAlgorithm(i, blockAt(t, 64)), "64 B trial op ", i);
+      refiner.ran(1.0);
+    }
+  });
+}
+
+// A class whose ops take ~20 ms runs the shortest blocks, and says where
+// its trial stands in describe() meanwhile.
+void testSlowClassesTryLess() {
+  CHECK(Refiner::blockFor(10) == 16 && Refiner::blockFor(2000) == 8 && Refiner::blockFor(1e5) == 4, "blockFor: ",
+        Refiner::blockFor(10), ", ", Refiner::blockFor(2000), ", ", Refiner::blockFor(1e5));
+  constexpr size_t kBig = 16 << 20;
+  const Tuning t = closeModel(kBig);
+  const int block = blockAt(t, kBig);
+  CHECK(block == 4, "blocks of ", block, " at 16 MiB");
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
+  test::runRanks(kRanks, [&](int r) {
+    Workspace ws;
+    Refiner refiner;
+    const Collective c = collective(*g.devices[r], t, ws);
+    for (int i = 0; i < trialOps(2, block); ++i) {
+      CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
+      refiner.ran(trialAlgorithm(i, block) == Algorithm::kRing ? 20000.0 : 30000.0);
+      if (i == 4) CHECK(refiner.describe() == "refining: 16 MiB: 5 of 16 ops", refiner.describe());
+      CHECK(refiner.trying(kBig), "op ", i, " is in the trial");
+    }
+    CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " did not keep ring");
+    CHECK(!refiner.trying(kBig) && !refiner.trying(8), "no trial after agreeing, nor at 8 B");
   });
 }
 
@@ -113,9 +161,10 @@ void testThreeCandidates() {
     std::string line;
     refiner.onKept = [&](const std::string& s) { line = s; };
     const Collective c = collective(*g.devices[r], t, ws);
-    for (int i = 0; i < 3 * Refiner::kTrials; ++i) {
+    const int block = blockAt(t, kClose);
+    for (int i = 0; i < trialOps(3, block); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
-      CHECK(a == order[i / Refiner::kBlock % 3], "rank ", r, " trial ", i, ": ", name(a));
+      CHECK(a == order[i / block % 3], "rank ", r, " trial ", i, ": ", name(a));
       refiner.ran(a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 15.0 : 25.0);
     }
     CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kStar, "rank ", r, " did not keep star");
@@ -130,7 +179,7 @@ void testThreeCandidates() {
 void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
   const Tuning t = closeModel(close);
   test::Group g(kRanks, test::over(mode));
-  const int ops = 2 * Refiner::kTrials + 6;
+  const int block = blockAt(t, close), trial = trialOps(2, block), ops = trial + 6;
   std::vector<std::vector<Algorithm>> ran(kRanks);
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
@@ -149,10 +198,8 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
     }
   });
   for (int r = 1; r < kRanks; ++r) CHECK(ran[r] == ran[0], "rank ", r, " ran other algorithms than rank 0");
-  for (int i = 0; i < 2 * Refiner::kTrials; ++i) {
-    CHECK(ran[0][i] == trialAlgorithm(i), "trial op ", i, ": ", name(ran[0][i]));
-  }
-  for (int i = 2 * Refiner::kTrials; i < ops; ++i) CHECK(ran[0][i] == ran[0][2 * Refiner::kTrials], "kept op ", i);
+  for (int i = 0; i < trial; ++i) CHECK(ran[0][i] == trialAlgorithm(i, block), "trial op ", i, ": ", name(ran[0][i]));
+  for (int i = trial; i < ops; ++i) CHECK(ran[0][i] == ran[0][trial], "kept op ", i);
 }
 
 }  // namespace
@@ -160,6 +207,7 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
 int main() {
   testAgreementOverrulesOneClock();
   testThreeCandidates();
+  testSlowClassesTryLess();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.
   testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);

@@ -48,13 +48,14 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   Class& k = it->second;
   if (fresh) {
     // The model's choice, then every other flat algorithm predicted within
-    // kCloseRatio of it, nearest first.
+    // kCloseRatio of it or cheap to try, nearest first.
     const Tuning& t = c.costs();
     const double best = predictAllreduceUs(t, choice, c.size(), c.treeArity, bytes);
+    k.block = blockFor(best);
     std::vector<std::pair<double, Algorithm>> close;
     for (Algorithm a : kFlatAlgorithms) {
       const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
-      if (a != choice && us <= kCloseRatio * best) close.emplace_back(us, a);
+      if (a != choice && (us <= kCloseRatio * best || (us - best) * kBlocks * k.block <= kCheapUs)) close.emplace_back(us, a);
     }
     std::sort(close.begin(), close.end());
     k.candidate[k.count++] = choice;
@@ -66,17 +67,23 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
     if (++k.keptOps <= kRecheckOps) return k.candidate[k.kept];
     Class again;  // a new trial
     again.count = m;
+    again.block = k.block;
     std::copy(k.candidate, k.candidate + m, again.candidate);
     k = again;
   }
-  if (k.runs < m * kTrials) {
+  if (k.runs < m * kBlocks * k.block) {
     const int run = k.runs++;
-    pendingIndex_ = run / kBlock % m;
-    if (run % kBlock != 0) pending_ = &k;  // the block's first op is not counted
+    pendingIndex_ = run / k.block % m;
+    if (run % k.block >= skipped(k.block)) pending_ = &k;
     return k.candidate[pendingIndex_];
   }
-  double sums[kMax];
-  for (int i = 0; i < m; ++i) sums[i] = k.us[i] - k.slowest[i];
+  // Each candidate's times less the slowest quarter: as many on every rank.
+  const int counted = kBlocks * (k.block - skipped(k.block)), summed = counted - (counted + 3) / 4;
+  double sums[kMax] = {};
+  for (int i = 0; i < m; ++i) {
+    std::sort(k.us[i], k.us[i] + k.timed[i]);
+    for (int j = 0; j < summed && j < k.timed[i]; ++j) sums[i] += k.us[i][j];
+  }
   lock.unlock();  // describe() need not wait for the peers
   Collective agree{c.transport, OpKind::kCalibrate, DataType::kFloat64, kRefineSeq + agreements_++, c.deadline,
                    c.segmentBytes, c.treeArity, scratch_, c.tuning};
@@ -84,8 +91,7 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   lock.lock();
   k.kept = int(std::min_element(sums, sums + m) - sums);  // ties: the model's order
   k.keptOps = 1;  // this op
-  constexpr int kCounted = kTrials - kTrials / kBlock - 1;  // less first ops, less the slowest
-  for (int i = 0; i < m; ++i) k.agreedUs[i] = sums[i] / (double(c.size()) * kCounted);
+  for (int i = 0; i < m; ++i) k.agreedUs[i] = sums[i] / (double(c.size()) * summed);
   const std::string line = describe(cls, k);
   const double predicted = predictAllreduceUs(c.costs(), k.candidate[0], c.size(), c.treeArity, bytes);
   std::string stale;
@@ -104,8 +110,8 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
 void Refiner::ran(double us) {
   if (!pending_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  pending_->us[pendingIndex_] += us;
-  pending_->slowest[pendingIndex_] = std::max(pending_->slowest[pendingIndex_], us);
+  int& timed = pending_->timed[pendingIndex_];
+  if (timed < kBlocks * kMaxBlock) pending_->us[pendingIndex_][timed++] = us;
   pending_ = nullptr;
 }
 
@@ -116,7 +122,17 @@ Algorithm Refiner::kept(size_t bytes, Algorithm choice) const {
   return it != classes_.end() && it->second.kept >= 0 ? it->second.candidate[it->second.kept] : choice;
 }
 
+bool Refiner::trying(size_t bytes) const {
+  if (bytes == 0) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = classes_.find(classOf(bytes));
+  return it != classes_.end() && it->second.count >= 2 && it->second.kept < 0;
+}
+
+int Refiner::blockFor(double us) { return us <= 1000 ? kMaxBlock : us <= 4000 ? kMaxBlock / 2 : kMaxBlock / 4; }
+
 std::string Refiner::describe(size_t bytes, const Class& k) {
+  if (k.kept < 0) return str("refining: ", sizeName(bytes), ": ", k.runs, " of ", k.count * kBlocks * k.block, " ops");
   auto timed = [&](int i) { return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)"); };
   std::string out = str("refined: ", sizeName(bytes), ": ", timed(k.kept), " over ");
   for (int i = 0, listed = 0; i < k.count; ++i) {
@@ -129,7 +145,7 @@ std::string Refiner::describe() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   for (const auto& [bytes, k] : classes_) {
-    if (k.kept >= 0) out += (out.empty() ? "" : "; ") + describe(bytes, k);
+    if (k.count >= 2) out += (out.empty() ? "" : "; ") + describe(bytes, k);
   }
   return out;
 }

@@ -51,6 +51,10 @@ void Socket::setNoDelay() {
               "collx: setsockopt(TCP_NODELAY) failed: ", strerror(errno));
 }
 
+bool Socket::setCongestionControl(const char* name) {
+  return setsockopt(fd_, IPPROTO_TCP, TCP_CONGESTION, name, socklen_t(strlen(name))) == 0;
+}
+
 std::string Address::str() const {
   char host[NI_MAXHOST] = {0};
   char serv[NI_MAXSERV] = {0};

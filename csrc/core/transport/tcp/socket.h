@@ -28,6 +28,9 @@ class Socket {
 
   void setNonBlocking(bool on);
   void setNoDelay();
+  // Switches the connection to another congestion control (e.g. "reno");
+  // false where the kernel refuses.
+  bool setCongestionControl(const char* name);
 
  private:
   int fd_ = -1;
