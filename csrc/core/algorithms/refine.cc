@@ -55,7 +55,8 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
     std::vector<std::pair<double, Algorithm>> close;
     for (Algorithm a : kFlatAlgorithms) {
       const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
-      if (a != choice && (us <= kCloseRatio * best || (us - best) * kBlocks * k.block <= kCheapUs)) close.emplace_back(us, a);
+      const bool cheap = (us - best) * kBlocks * k.block <= kCheapUs;
+      if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
     }
     std::sort(close.begin(), close.end());
     k.candidate[k.count++] = choice;
