@@ -21,6 +21,7 @@ when second. So `auto`, the figure the targets are about, goes last by default.
 """
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -239,7 +240,7 @@ def auto_vs_best(rows, groups, args):
     """Per size: what auto chose (the group's fitted model, COLLX_TUNING) and
     how its time compares with the fastest forced algorithm's. Timed apart
     from the table, interleaved: rounds that each run every collx group in
-    turn for about half a millisecond of ops (one op at least), so that a
+    turn for about a millisecond of ops (see k below), so that a
     drift of the machine hits all alike, for --time-per-point per group and
     at least --rounds rounds; a group's time is its median round (per-op
     mean, max over ranks). Fine turns matter: at n=4 on 2 cores, two groups
@@ -273,7 +274,11 @@ def auto_vs_best_of(prefix, rows, groups, args):
     worst = [0.0, 0.0]
     for size in sorted({r["bytes"] for r in rows}):
         estimate = max(r["p50_us"] for r in rows if r["bytes"] == size and r["name"] in names) / 1e6
-        k = int(min(20, max(1, 5e-4 / estimate)))
+        # A turn of ~1 ms of ops, but 4 ops where that stays under 20 ms: the
+        # first op after another group's turn may ride on what that turn left
+        # (a token bucket's burst under tc: one fast op in a turn of two made
+        # equal algorithms look 1.7x apart).
+        k = int(min(50, max(math.ceil(1e-3 / estimate), min(4, math.ceil(20e-3 / estimate)))))
         rounds = int(min(200, max(args.rounds, args.time_per_point / (k * estimate))))
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=args.device)
         trial = 0  # every rank sees the same ops, so all leave the loop together

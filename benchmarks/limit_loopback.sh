@@ -8,7 +8,9 @@
 #       .venv/bin/torchrun --nproc_per_node=2 benchmarks/allreduce.py --transports tcp --max-size 16M
 #
 # A fresh XDG_CACHE_HOME makes collx calibrate on the limited link rather than
-# reuse a tuning cached on the full one.
+# reuse a tuning cached on the full one. The limited loopback stands for a
+# link between hosts, so collx keeps the system's congestion control on it
+# (COLLX_TCP_CONGESTION=system) instead of the reno it uses within a host.
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 RATE COMMAND [ARGS...]   (RATE in tc syntax, e.g. 1gbit)" >&2
@@ -22,4 +24,5 @@ if tc qdisc show dev lo | grep -q "qdisc tbf"; then
 fi
 tc qdisc add dev lo root tbf rate "$rate" burst 256kb latency 100ms
 trap 'tc qdisc del dev lo root' EXIT
+export COLLX_TCP_CONGESTION=${COLLX_TCP_CONGESTION:-system}
 "$@"

@@ -37,7 +37,8 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
       config_(std::move(config)),
       timeout_(timeout) {
   StoreAdapter adapter(store);
-  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout, config_.transport, config_.readPeers};
+  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout, config_.transport, config_.readPeers,
+                           config_.localCongestion};
   const auto start = Clock::now();
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
   if (device_->shmUnavailable()) warnShmOnce(rank, size, device_->transportNote());

@@ -91,6 +91,11 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   // CUDA tensors' staging path (see staging.h).
   config.stageCpuTensors = flag("COLLX_STAGE_CPU_TENSORS", false);
   config.readPeers = flag("COLLX_SHM_CMA", true);
+  // Between ranks on one host (rendezvous.cc); "system" keeps the system's,
+  // e.g. where a limited loopback stands for a link between hosts.
+  if (const char* cc = std::getenv("COLLX_TCP_CONGESTION"); cc && *cc) {
+    config.localCongestion = std::string(cc) == "system" ? "" : cc;
+  }
   config.tuning = tuningPolicy();
   config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
   config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);

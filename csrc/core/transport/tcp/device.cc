@@ -30,7 +30,7 @@ constexpr auto kAbortGrace = std::chrono::milliseconds(200);
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     : rank_(rank), size_(size), pairs_(size) {
-  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.family, options.timeout);
+  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.family, options.timeout, options.localCongestion);
   hosts_ = mesh.hosts;
   address_ = mesh.address;
   std::vector<int> fds;

@@ -26,6 +26,7 @@ struct DeviceOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   shm::Mode transport = shm::Mode::kAuto;  // COLLX_TRANSPORT: rings for peers on this host
   bool readPeers = true;  // COLLX_SHM_CMA: cross-memory attach between them, where allowed
+  std::string localCongestion = "reno";  // COLLX_TCP_CONGESTION: within a host ("": the system's)
 };
 
 class Device : public Transport {

@@ -101,7 +101,7 @@ void acceptPeers(const Socket& listener, std::vector<Socket>* sockets, int rank,
 }  // namespace
 
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
-                 std::chrono::milliseconds timeout) {
+                 std::chrono::milliseconds timeout, const std::string& localCongestion) {
   Mesh mesh;
   for (auto& channel : mesh.sockets) channel.resize(size);
   if (size == 1) {
@@ -159,11 +159,15 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
   // estimate of the link, an estimate each connection makes apart: at n=2 a
   // 256 KiB direct all-reduce took 170 us under bbr and 103 us under reno,
   // and under bbr some groups ran 1.7x slower than others doing the same.
-  // Reno, which does not pace and which every kernel allows, is used there.
-  // Across hosts the system's choice stands. A refusal only costs speed.
-  for (int peer = 0; peer < size; ++peer) {
+  // Reno, which does not pace and which every kernel allows, is used there
+  // by default (COLLX_TCP_CONGESTION). Across hosts the system's choice stands.
+  for (int peer = 0; peer < size && !localCongestion.empty(); ++peer) {
     if (peer == rank || mesh.hosts[size_t(peer)] != mesh.hosts[size_t(rank)]) continue;
-    for (auto& channel : mesh.sockets) channel[size_t(peer)].setCongestionControl("reno");
+    for (auto& channel : mesh.sockets) {
+      COLLX_CHECK(channel[size_t(peer)].setCongestionControl(localCongestion.c_str()), "collx rank ", rank,
+                  ": the kernel refuses congestion control '", localCongestion, "' (COLLX_TCP_CONGESTION): ",
+                  strerror(errno));
+    }
   }
   return mesh;  // the listener closes here: nobody can connect any more
 }

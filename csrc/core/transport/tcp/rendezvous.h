@@ -36,7 +36,9 @@ struct Mesh {
   uint64_t token = 0;           // the group's secret (every hello carries it)
 };
 
+// `localCongestion`: the congestion control of connections between ranks
+// on one host ("" leaves the system's); throws where the kernel refuses it.
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
-                 std::chrono::milliseconds timeout);
+                 std::chrono::milliseconds timeout, const std::string& localCongestion = "reno");
 
 }  // namespace collx::tcp
