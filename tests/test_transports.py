@@ -5,7 +5,8 @@ modules of this suite run their local ranks over the rings; the sockets are
 what ranks on other hosts use, and what a user can force. Here the
 all_reduce matrix, the other collectives and the gather ops run over TCP
 (test_faults.py runs over both transports itself; the C++ tests run every
-collective, mismatches and timeouts over both).
+collective, mismatches and timeouts over both), with the local connections'
+congestion control (COLLX_TCP_CONGESTION) both ways and a refused one.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import test_allreduce  # noqa: E402
 import test_collectives  # noqa: E402, F401
 import test_gather_ops  # noqa: E402, F401  (suite_test finds it in sys.modules)
 from common import ALGORITHMS, DTYPES, Suite, dtype_name, suite_test  # noqa: E402
+from launcher import run_ranks  # noqa: E402
 
 TCP = {"COLLX_TRANSPORT": "tcp"}
 WS = 3
@@ -40,3 +42,22 @@ test_collectives_over_tcp = suite_test("test_collectives", "SUITE_CHECKS", [WS],
                                        env=TCP)
 test_gather_ops_over_tcp = suite_test("test_gather_ops", "SUITE_CHECKS", [WS], with_gloo=True, timeout=240,
                                       env=dict(TCP, COLLX_TUNING="table"))  # as test_gather_ops.py runs it
+
+
+def _sum(rank, ws):
+    import torch
+    import torch.distributed as dist
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((1000,), ws * (ws + 1) / 2)), t[:4]
+    return True
+
+
+@pytest.mark.parametrize("congestion", ["reno", "system"])
+def test_local_congestion_control(congestion):
+    run_ranks(_sum, 2, timeout=60, env=dict(TCP, COLLX_TUNING="table", COLLX_TCP_CONGESTION=congestion))
+
+
+def test_a_refused_congestion_control_is_a_clear_error():
+    with pytest.raises(AssertionError, match="refuses congestion control 'no-such-cc' \\(COLLX_TCP_CONGESTION\\)"):
+        run_ranks(_sum, 2, timeout=60, env=dict(TCP, COLLX_TCP_CONGESTION="no-such-cc"))
