@@ -3,9 +3,8 @@
 // own clock says otherwise; trials take turns in blocks alike on every rank; classes
 // the model finds clear-cut run no trial; a kept choice is re-tried after
 // kRecheckOps; algorithms far off but cheap to try are tried; a class of
-// slow ops runs a shorter trial; a model far slower
-// than the measured times is said stale, once; and the real all-reduce path
-// stays correct through it.
+// slow ops runs shorter blocks; a model far slower than the measured times
+// is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
 
 #include "../../csrc/core/algorithms/refine.h"
@@ -55,7 +54,7 @@ int blockAt(const Tuning& t, size_t bytes) {
 
 // Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
 // against 30): summed, ring wins (50 against 70 per trial pair), and every
-// rank keeps ring, rank 0 included. The first op of each block and the
+// rank keeps ring, rank 0 included. The first ops of each block and the
 // slowest quarter of each candidate's runs are left out.
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();

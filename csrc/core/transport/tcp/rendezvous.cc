@@ -161,8 +161,8 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
   // and under bbr some groups ran 1.7x slower than others doing the same.
   // Reno, which does not pace and which every kernel allows, is used there
   // by default (COLLX_TCP_CONGESTION). Across hosts the system's choice stands.
-  for (int peer = 0; peer < size && !localCongestion.empty(); ++peer) {
-    if (peer == rank || mesh.hosts[size_t(peer)] != mesh.hosts[size_t(rank)]) continue;
+  for (int peer = 0; peer < size; ++peer) {
+    if (localCongestion.empty() || peer == rank || mesh.hosts[size_t(peer)] != mesh.hosts[size_t(rank)]) continue;
     for (auto& channel : mesh.sockets) {
       COLLX_CHECK(channel[size_t(peer)].setCongestionControl(localCongestion.c_str()), "collx rank ", rank,
                   ": the kernel refuses congestion control '", localCongestion, "' (COLLX_TCP_CONGESTION): ",
