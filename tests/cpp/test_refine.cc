@@ -1,7 +1,9 @@
 // Auto's online refinement (refine.h), over real loopback TCP: the ranks
 // keep the algorithm the group's summed times favour, even where one rank's
-// own clock says otherwise; trials take turns in blocks alike on every rank; classes
-// the model finds clear-cut run no trial; a kept choice is re-tried after
+// own clock says otherwise; trials take turns in blocks alike on every rank,
+// and drop a candidate far behind after a round; a kept choice that does not
+// keep up its trial's pace gives way to the next best; classes the model
+// finds clear-cut run no trial; a settled choice is re-tried after
 // kRecheckOps; algorithms far off but cheap to try are tried; a class of
 // slow ops runs shorter blocks; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
@@ -52,10 +54,23 @@ int blockAt(const Tuning& t, size_t bytes) {
   return Refiner::blockFor(predictAllreduceUs(t, chooseAllreduce(t, kRanks, 2, bytes), kRanks, 2, bytes));
 }
 
+// Runs the check of what the trial kept, and the op that settles it, each
+// taking `us`: every op must run `expect`. Returns how many ops that took.
+int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expect, double us) {
+  int ops = 0;
+  do {
+    const Algorithm a = refiner.choose(c, bytes, Algorithm::kDirect);
+    CHECK(a == expect, "check op ", ops, ": ", name(a), ", not ", name(expect));
+    refiner.ran(us);
+    ++ops;
+  } while (refiner.trying(bytes));
+  return ops;
+}
+
 // Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
 // against 30): summed, ring wins (50 against 70 per trial pair), and every
-// rank keeps ring, rank 0 included. The first ops of each block and the
-// slowest quarter of each candidate's runs are left out.
+// rank keeps ring, rank 0 included. The first ops of each block are left
+// out, and so is a block with slow runs (direct's first, ring's first).
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose), skip = Refiner::skipped(block);
@@ -73,21 +88,25 @@ void testAgreementOverrulesOneClock() {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       const bool direct = a == Algorithm::kDirect;
-      // Neither the first ops of a block (after the switch) nor the slow
-      // runs count, on any rank: direct's first three (cold) and one of ring's.
+      // Neither the first ops of a block (after the switch) nor the blocks
+      // with slow runs count, on any rank: direct's first three (cold), one
+      // of ring's.
       const bool slowRun = (i >= skip && i < skip + 3) || i == block + skip;
       const double slow = i % block < skip ? 500.0 : slowRun ? 1000.0 : 0.0;
       refiner.ran(slow + (r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0)));
       CHECK(refiner.kept(kClose, Algorithm::kDirect) == Algorithm::kDirect, "nothing kept during the trial");
     }
-    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " did not keep ring");
+    // Its check: ring runs on at its trial's pace on every rank, and holds.
+    CHECK(line.empty() && refiner.trying(kClose), "settled before the check");
+    CHECK(runCheck(refiner, c, kClose, Algorithm::kRing, r == 0 ? 20.0 : 15.0) == Refiner::checkOpsFor(16.7) + 1,
+          "rank ", r, ": not one check of ring");
     CHECK(refiner.kept(kClose + 1000, Algorithm::kDirect) == Algorithm::kRing, "the class keeps ring");
     CHECK(line == "refined: 256 KiB: ring (16.7 us) over direct (23.3 us)", "rank ", r, ": ", line);
     CHECK(refiner.describe() == line, refiner.describe());
     // The model predicted direct at 256 KiB over 3x slower than the 23.3 us
     // measured: it is stale, said once, on every rank.
     CHECK(staleCalls == 1 && stale.find("where the group measured 23.3 us") != std::string::npos, stale);
-    // Kept for kRecheckOps ops in all (the agreeing op was the first), then tried again.
+    // Kept for kRecheckOps ops in all (the settling op was the first), then tried again.
     for (uint64_t i = 1; i < Refiner::kRecheckOps; ++i) {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
       refiner.ran(1.0);
@@ -96,6 +115,7 @@ void testAgreementOverrulesOneClock() {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "a new trial, op ", i);
       refiner.ran(r == 0 ? 10.0 : 30.0);
     }
+    runCheck(refiner, c, kClose, Algorithm::kDirect, r == 0 ? 10.0 : 30.0);
     CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kDirect, "the new trial keeps direct");
     CHECK(staleCalls == 1, "stale said again");
     // Clear-cut (the others predicted far off and slow), and a choice auto
@@ -120,10 +140,14 @@ void testAgreementOverrulesOneClock() {
 }
 
 // A class whose ops take ~20 ms runs the shortest blocks, and says where
-// its trial stands in describe() meanwhile.
+// its trial stands in describe() meanwhile. Direct, 2.5x ring in the first
+// round, leaves the trial there: ring is kept after 8 ops, not 16, and
+// checked over the fewest ops, 8.
 void testSlowClassesTryLess() {
   CHECK(Refiner::blockFor(10) == 16 && Refiner::blockFor(2000) == 8 && Refiner::blockFor(1e5) == 4, "blockFor: ",
         Refiner::blockFor(10), ", ", Refiner::blockFor(2000), ", ", Refiner::blockFor(1e5));
+  CHECK(Refiner::checkOpsFor(1) == 256 && Refiner::checkOpsFor(200) == 100 && Refiner::checkOpsFor(2e4) == 8,
+        "checkOpsFor: ", Refiner::checkOpsFor(1), ", ", Refiner::checkOpsFor(200), ", ", Refiner::checkOpsFor(2e4));
   constexpr size_t kBig = 16 << 20;
   const Tuning t = closeModel(kBig);
   const int block = blockAt(t, kBig);
@@ -132,20 +156,27 @@ void testSlowClassesTryLess() {
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
     Refiner refiner;
+    std::string line;
+    refiner.onKept = [&](const std::string& s) { line = s; };
     const Collective c = collective(*g.devices[r], t, ws);
-    for (int i = 0; i < trialOps(2, block); ++i) {
+    for (int i = 0; i < 2 * block; ++i) {
       CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
-      refiner.ran(trialAlgorithm(i, block) == Algorithm::kRing ? 20000.0 : 30000.0);
+      refiner.ran(trialAlgorithm(i, block) == Algorithm::kRing ? 20000.0 : 50000.0);
       if (i == 4) CHECK(refiner.describe() == "refining: 16 MiB: 5 of 16 ops", refiner.describe());
       CHECK(refiner.trying(kBig), "op ", i, " is in the trial");
     }
     CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " did not keep ring");
-    CHECK(!refiner.trying(kBig) && !refiner.trying(8), "no trial after agreeing, nor at 8 B");
+    refiner.ran(20000.0);
+    CHECK(refiner.describe() == "refining: 16 MiB: checking ring, 1 of 8 ops", refiner.describe());
+    CHECK(runCheck(refiner, c, kBig, Algorithm::kRing, 20000.0) == 8, "rank ", r, ": not 8 check ops");
+    CHECK(line == "refined: 16 MiB: ring (20000.0 us) over direct (50000.0 us)", line);
+    CHECK(!refiner.trying(kBig) && !refiner.trying(8), "no trial after settling, nor at 8 B");
   });
 }
 
-// Three algorithms predicted close: the trial runs each in turn, in blocks,
-// and keeps the one the group measured fastest, the last candidate here.
+// Three algorithms predicted close: the trial runs each in turn, in blocks;
+// direct, 5x star in the first round, leaves it there, and the second
+// round runs ring and star; star, the fastest, is kept.
 void testThreeCandidates() {
   Tuning t = closeModel();
   t.cost[size_t(Algorithm::kStar)] = t.cost[size_t(Algorithm::kRing)];
@@ -153,7 +184,8 @@ void testThreeCandidates() {
   CHECK(us(Algorithm::kStar) <= Refiner::kCloseRatio * us(Algorithm::kDirect) && us(Algorithm::kStar) > us(Algorithm::kRing),
         "star is the third candidate: ", us(Algorithm::kStar), " us, ring ", us(Algorithm::kRing));
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  const Algorithm order[] = {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar};
+  const Algorithm order[] = {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar, Algorithm::kRing,
+                             Algorithm::kStar};
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
     Refiner refiner;
@@ -161,31 +193,97 @@ void testThreeCandidates() {
     refiner.onKept = [&](const std::string& s) { line = s; };
     const Collective c = collective(*g.devices[r], t, ws);
     const int block = blockAt(t, kClose);
-    for (int i = 0; i < trialOps(3, block); ++i) {
+    for (int i = 0; i < 5 * block; ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
-      CHECK(a == order[i / block % 3], "rank ", r, " trial ", i, ": ", name(a));
-      refiner.ran(a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 15.0 : 25.0);
+      CHECK(a == order[i / block], "rank ", r, " trial ", i, ": ", name(a));
+      refiner.ran(a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 8.0 : 25.0);
     }
-    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kStar, "rank ", r, " did not keep star");
-    CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (15.0 us)", line);
+    runCheck(refiner, c, kClose, Algorithm::kStar, 5.0);
+    CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (8.0 us)", line);
+  });
+}
+
+// The trial keeps direct (10 us to ring's 15), but run on, direct takes 100
+// us: the class switches to ring and checks it. Where ring keeps its pace
+// the class settles on it; where ring slows to 150 us, back to direct,
+// which was checked already: it settles on direct after two checks.
+void testKeptChoiceMustKeepItsPace() {
+  const Tuning t = closeModel();
+  const int block = blockAt(t, kClose);
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
+  test::runRanks(kRanks, [&](int r) {
+    for (double ringHeld : {15.0, 150.0}) {
+      Workspace ws;
+      Refiner refiner;
+      std::string line;
+      refiner.onKept = [&](const std::string& s) { line = s; };
+      const Collective c = collective(*g.devices[r], t, ws);
+      for (int i = 0; i < trialOps(2, block); ++i) {
+        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
+        refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 15.0);
+      }
+      for (int i = 0; i < Refiner::checkOpsFor(10); ++i) {  // the first ends the trial
+        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kDirect, "rank ", r, " direct's check op ", i);
+        refiner.ran(100.0);
+      }
+      for (int i = 0; i < Refiner::checkOpsFor(15); ++i) {  // the first ends direct's check
+        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " ring's check op ", i);
+        refiner.ran(ringHeld);
+      }
+      const Algorithm settled = ringHeld < 100 ? Algorithm::kRing : Algorithm::kDirect;
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == settled && !refiner.trying(kClose), "rank ", r,
+            " did not settle on ", name(settled));
+      CHECK(line == (ringHeld < 100 ? "refined: 256 KiB: ring (15.0 us) over direct (100.0 us sustained)"
+                                    : "refined: 256 KiB: direct (100.0 us) over ring (150.0 us sustained)"),
+            line);
+    }
+  });
+}
+
+// Direct's ops alternate between 4 and 18 us (11 on average), ring's take
+// 10: ring is kept, though direct's fastest ops are faster. A preemption
+// (one op of 5 ms in ring's first block) counts as twice ring's median, 20:
+// that block's typical op is 11 us.
+void testVaryingOpsPayForTheirSlowOnes() {
+  const Tuning t = closeModel();
+  const int block = blockAt(t, kClose), skip = Refiner::skipped(block);
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
+  test::runRanks(kRanks, [&](int r) {
+    Workspace ws;
+    Refiner refiner;
+    std::string line;
+    refiner.onKept = [&](const std::string& s) { line = s; };
+    const Collective c = collective(*g.devices[r], t, ws);
+    for (int i = 0; i < trialOps(2, block); ++i) {
+      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+      CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
+      refiner.ran(a == Algorithm::kDirect ? (i % 2 ? 18.0 : 4.0) : i == block + skip ? 5000.0 : 10.0);
+      if (i == 2 * block - 1) {
+        CHECK(refiner.describe() == "refining: 256 KiB: 32 of 64 ops", refiner.describe());
+      }
+    }
+    runCheck(refiner, c, kClose, Algorithm::kRing, 10.0);
+    CHECK(line == "refined: 256 KiB: ring (10.0 us) over direct (11.0 us)", line);
   });
 }
 
 // The real path: auto all-reduces of sizes within one class, with the
 // refiner set, each checked against the locally computed sum; every rank
-// must run the same algorithm at every op, take turns during the trial and
-// keep one after it, whatever its clock said.
+// must run the same algorithm at every op, take turns in the trial's first
+// round, and settle on one after the trial and its checks, whatever its
+// clock said.
 void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
   const Tuning t = closeModel(close);
   test::Group g(kRanks, test::over(mode));
-  const int block = blockAt(t, close), trial = trialOps(2, block), ops = trial + 6;
+  const int block = blockAt(t, close);
   std::vector<std::vector<Algorithm>> ran(kRanks);
+  std::vector<int> settledAt(kRanks);
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
     Refiner refiner;
     const ReduceFn sum = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
-    for (int i = 0; i < ops; ++i) {
-      const size_t count = close / 4 + size_t(i) * 10;  // all in one class
+    auto op = [&](int i) {
+      const size_t count = close / 4 + size_t(i % 100) * 10;  // all in one class
       std::vector<float> buf(count);
       for (size_t j = 0; j < count; ++j) buf[j] = float((j % 97) * (r + 1));
       Collective c = collective(*g.devices[r], t, ws, uint64_t(i + 1));
@@ -194,11 +292,19 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
       for (size_t j = 0; j < count; ++j) {
         CHECK(buf[j] == float((j % 97) * 6), "op ", i, " rank ", r, " element ", j, ": ", buf[j]);
       }
-    }
+    };
+    int i = 0;
+    // Two rounds of two blocks, two checks at most, then six settled ops.
+    const int most = trialOps(2, block) + 2 * Refiner::checkOpsFor(0);
+    while ((i == 0 || refiner.trying(close)) && i < most) op(i++);
+    settledAt[r] = i;
+    for (int more = 0; more < 6; ++more) op(i++);
   });
   for (int r = 1; r < kRanks; ++r) CHECK(ran[r] == ran[0], "rank ", r, " ran other algorithms than rank 0");
-  for (int i = 0; i < trial; ++i) CHECK(ran[0][i] == trialAlgorithm(i, block), "trial op ", i, ": ", name(ran[0][i]));
-  for (int i = trial; i < ops; ++i) CHECK(ran[0][i] == ran[0][trial], "kept op ", i);
+  for (int i = 0; i < 2 * block; ++i) CHECK(ran[0][i] == trialAlgorithm(i, block), "trial op ", i, ": ", name(ran[0][i]));
+  const size_t at = size_t(settledAt[0]);
+  CHECK(at > size_t(2 * block), "settled after ", at, " ops");
+  for (size_t i = at - 1; i < ran[0].size(); ++i) CHECK(ran[0][i] == ran[0][at - 1], "settled op ", i);
 }
 
 }  // namespace
@@ -207,6 +313,8 @@ int main() {
   testAgreementOverrulesOneClock();
   testThreeCandidates();
   testSlowClassesTryLess();
+  testKeptChoiceMustKeepItsPace();
+  testVaryingOpsPayForTheirSlowOnes();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.
   testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);

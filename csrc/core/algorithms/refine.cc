@@ -37,82 +37,148 @@ std::string sizeName(size_t bytes) {
   return str(bytes, " B");
 }
 
+// The lowest typical op time of `n` blocks (those with ops).
+double lowest(const Refiner::Block* b, int n) {
+  double low = 0;
+  for (int j = 0; j < n; ++j) {
+    const double t = b[j].typical();
+    if (t > 0 && (low == 0 || t < low)) low = t;
+  }
+  return low;
+}
+
 }  // namespace
+
+double Refiner::Block::typical() const {
+  if (us.empty()) return 0;
+  std::vector<double> sorted = us;
+  std::nth_element(sorted.begin(), sorted.begin() + long(sorted.size() / 2), sorted.end());
+  const double cap = kOutlierRatio * sorted[sorted.size() / 2];
+  double sum = 0;
+  for (double t : us) sum += std::min(t, cap);
+  return sum / double(us.size());
+}
+
+Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choice) {
+  // The model's choice, then every other flat algorithm predicted within
+  // kCloseRatio of it or cheap to try, nearest first.
+  Class k;
+  const Tuning& t = c.costs();
+  const double best = predictAllreduceUs(t, choice, c.size(), c.treeArity, bytes);
+  k.block = blockFor(best);
+  std::vector<std::pair<double, Algorithm>> close;
+  for (Algorithm a : kFlatAlgorithms) {
+    const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
+    const bool cheap = (us - best) * kBlocks * k.block <= kCheapUs;
+    if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
+  }
+  std::sort(close.begin(), close.end());
+  k.candidate[k.count++] = choice;
+  for (const auto& [us, a] : close) k.candidate[k.count++] = a;
+  for (int i = 0; i < k.count; ++i) k.active[i] = i;
+  k.activeCount = k.count;
+  return k;
+}
 
 Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   pending_ = nullptr;
   if (c.size() < 2 || bytes == 0 || !isFlat(choice)) return choice;
   const size_t cls = classOf(bytes);
   std::unique_lock<std::mutex> lock(mu_);
-  auto [it, fresh] = classes_.try_emplace(cls);
+  auto [it, isNew] = classes_.try_emplace(cls);
   Class& k = it->second;
-  if (fresh) {
-    // The model's choice, then every other flat algorithm predicted within
-    // kCloseRatio of it or cheap to try, nearest first.
-    const Tuning& t = c.costs();
-    const double best = predictAllreduceUs(t, choice, c.size(), c.treeArity, bytes);
-    k.block = blockFor(best);
-    std::vector<std::pair<double, Algorithm>> close;
-    for (Algorithm a : kFlatAlgorithms) {
-      const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
-      const bool cheap = (us - best) * kBlocks * k.block <= kCheapUs;
-      if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
-    }
-    std::sort(close.begin(), close.end());
-    k.candidate[k.count++] = choice;
-    for (const auto& [us, a] : close) k.candidate[k.count++] = a;
-  }
+  if (isNew) k = fresh(c, bytes, choice);
   if (k.count < 2) return choice;
-  const int m = k.count;
-  if (k.kept >= 0) {
+  if (k.kept >= 0 && k.checkOps == 0) {
     if (++k.keptOps <= kRecheckOps) return k.candidate[k.kept];
-    Class again;  // a new trial
-    again.count = m;
-    again.block = k.block;
-    std::copy(k.candidate, k.candidate + m, again.candidate);
-    k = again;
+    k = fresh(c, bytes, k.candidate[0]);  // a new trial, among the same candidates
   }
-  if (k.runs < m * kBlocks * k.block) {
-    const int run = k.runs++;
-    pendingIndex_ = run / k.block % m;
-    if (run % k.block >= skipped(k.block)) pending_ = &k;
-    return k.candidate[pendingIndex_];
-  }
-  // Each candidate's times less the slowest quarter: as many on every rank.
-  const int counted = kBlocks * (k.block - skipped(k.block)), summed = counted - (counted + 3) / 4;
-  double sums[kMax] = {};
-  for (int i = 0; i < m; ++i) {
-    std::sort(k.us[i], k.us[i] + k.timed[i]);
-    for (int j = 0; j < summed && j < k.timed[i]; ++j) sums[i] += k.us[i][j];
-  }
-  lock.unlock();  // describe() need not wait for the peers
-  Collective agree{c.transport, OpKind::kCalibrate, DataType::kFloat64, kRefineSeq + agreements_++, c.deadline,
-                   c.segmentBytes, c.treeArity, scratch_, c.tuning};
-  directAllreduce(agree, sums, size_t(m), cpuReduceFn(DataType::kFloat64, ReduceOp::kSum));
-  lock.lock();
-  k.kept = int(std::min_element(sums, sums + m) - sums);  // ties: the model's order
-  k.keptOps = 1;  // this op
-  for (int i = 0; i < m; ++i) k.agreedUs[i] = sums[i] / (double(c.size()) * summed);
-  const std::string line = describe(cls, k);
-  const double predicted = predictAllreduceUs(c.costs(), k.candidate[0], c.size(), c.treeArity, bytes);
   std::string stale;
+  while (k.kept < 0) {
+    if (k.roundRuns < k.activeCount * k.block) {
+      const int run = k.roundRuns++;
+      const int i = k.active[run / k.block];
+      ++k.runs;
+      if (run % k.block >= skipped(k.block)) pending_ = &k.trial[i][k.round];
+      return k.candidate[i];
+    }
+    endRound(c, cls, k, lock, stale);
+  }
+  while (k.checkOps > 0 && k.checkRuns == k.checkOps) endCheck(c, k, lock);
+  const Algorithm run = k.candidate[k.kept];
+  std::string line;
+  if (k.checkOps > 0) {
+    const int quarter = 4 * k.checkRuns++ / k.checkOps;
+    if (quarter >= 2) pending_ = &k.check[quarter - 2];
+  } else {
+    k.keptOps = 1;  // this op
+    line = describe(cls, k);
+  }
+  lock.unlock();
+  if (!stale.empty() && onStale) onStale(stale);
+  if (!line.empty() && onKept) onKept(line);
+  return run;
+}
+
+void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock,
+                       std::string& stale) {
+  double sums[kMax] = {};
+  for (int j = 0; j < k.activeCount; ++j) sums[k.active[j]] = lowest(k.trial[k.active[j]], k.round + 1);
+  agree(c, sums, k.count, lock);
+  int best = k.active[0];  // ties: the model's order
+  for (int j = 0; j < k.activeCount; ++j) {
+    const int i = k.active[j];
+    k.agreedUs[i] = sums[i] / c.size();
+    if (k.agreedUs[i] < k.agreedUs[best]) best = i;
+  }
+  int left = 0;
+  for (int j = 0; j < k.activeCount; ++j) {
+    if (k.agreedUs[k.active[j]] <= kDropRatio * k.agreedUs[best]) k.active[left++] = k.active[j];
+  }
+  k.activeCount = left;
+  k.roundRuns = 0;
+  if (++k.round < kBlocks && left > 1) return;
+  k.kept = best;
+  k.checkOps = checkOpsFor(k.agreedUs[best]);
+  const double predicted = predictAllreduceUs(c.costs(), k.candidate[0], c.size(), c.treeArity, bytes);
   if (!stale_ && predicted > kStaleRatio * k.agreedUs[0]) {
     stale_ = true;
     stale = str("auto's model (", c.costs().source, ") predicts ", tenths(predicted), " us for ", name(k.candidate[0]),
                 " at ", sizeName(bytes), ", where the group measured ", tenths(k.agreedUs[0]),
                 " us: it was fitted on a busier machine");
   }
-  lock.unlock();
-  if (onKept) onKept(line);
-  if (!stale.empty() && onStale) onStale(stale);
-  return k.candidate[k.kept];
+}
+
+void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock) {
+  double sum = lowest(k.check, 2);
+  agree(c, &sum, 1, lock);
+  k.agreedUs[k.kept] = sum / c.size();
+  k.checked[k.kept] = true;
+  int best = k.kept;
+  for (int i = 0; i < k.count; ++i) {
+    if (k.agreedUs[i] > 0 && k.agreedUs[i] < k.agreedUs[best]) best = i;
+  }
+  k.checkOps = 0;
+  k.checkRuns = 0;
+  k.check[0].us.clear();
+  k.check[1].us.clear();
+  if (k.agreedUs[k.kept] <= kSwitchRatio * k.agreedUs[best]) return;
+  k.kept = best;  // it did not keep up its trial's pace; this one may
+  if (!k.checked[best]) k.checkOps = checkOpsFor(k.agreedUs[best]);
+}
+
+void Refiner::agree(const Collective& c, double* values, int n, std::unique_lock<std::mutex>& lock) {
+  lock.unlock();  // describe() need not wait for the peers
+  Collective agree{c.transport, OpKind::kCalibrate, DataType::kFloat64, kRefineSeq + agreements_++, c.deadline,
+                   c.segmentBytes, c.treeArity, scratch_, c.tuning};
+  directAllreduce(agree, values, size_t(n), cpuReduceFn(DataType::kFloat64, ReduceOp::kSum));
+  lock.lock();
 }
 
 void Refiner::ran(double us) {
   if (!pending_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  int& timed = pending_->timed[pendingIndex_];
-  if (timed < kBlocks * kMaxBlock) pending_->us[pendingIndex_][timed++] = us;
+  pending_->us.push_back(us);
   pending_ = nullptr;
 }
 
@@ -127,14 +193,28 @@ bool Refiner::trying(size_t bytes) const {
   if (bytes == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = classes_.find(classOf(bytes));
-  return it != classes_.end() && it->second.count >= 2 && it->second.kept < 0;
+  return it != classes_.end() && it->second.count >= 2 && (it->second.kept < 0 || it->second.checkOps > 0);
 }
 
 int Refiner::blockFor(double us) { return us <= 1000 ? kMaxBlock : us <= 4000 ? kMaxBlock / 2 : kMaxBlock / 4; }
 
+int Refiner::checkOpsFor(double us) {
+  constexpr int kFewest = 8, kMost = 256;
+  return us * kMost <= kCheckUs ? kMost : std::max(kFewest, int(kCheckUs / us + 0.5));
+}
+
 std::string Refiner::describe(size_t bytes, const Class& k) {
-  if (k.kept < 0) return str("refining: ", sizeName(bytes), ": ", k.runs, " of ", k.count * kBlocks * k.block, " ops");
-  auto timed = [&](int i) { return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)"); };
+  if (k.kept < 0) {
+    const int planned = k.runs - k.roundRuns + k.activeCount * k.block * (kBlocks - k.round);
+    return str("refining: ", sizeName(bytes), ": ", k.runs, " of ", planned, " ops");
+  }
+  if (k.checkOps > 0) {
+    return str("refining: ", sizeName(bytes), ": checking ", name(k.candidate[k.kept]), ", ", k.checkRuns, " of ",
+               k.checkOps, " ops");
+  }
+  auto timed = [&](int i) {
+    return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), i != k.kept && k.checked[i] ? " us sustained)" : " us)");
+  };
   std::string out = str("refined: ", sizeName(bytes), ": ", timed(k.kept), " over ");
   for (int i = 0, listed = 0; i < k.count; ++i) {
     if (i != k.kept) out += (listed++ ? ", " : "") + timed(i);

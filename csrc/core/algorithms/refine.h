@@ -12,26 +12,48 @@
 // kCheapUs more than the choice's over its 2B ops, which at tens of us per op
 // tries every algorithm), m of them:
 //
-//   ops 1..2mB of the class  the candidates in turn, in blocks of B ops,
-//                            two per candidate; each rank keeps its own
-//                            time of each op, but not of the first 3B/8
-//                            of a block: after a switch, the skew and the
-//                            connections' state the other algorithm left
-//                            last several ops on a machine with more ranks
-//                            than cores (at n=4, 256 KiB, blocks of 4 kept
-//                            tree where ring ran 1.2x faster; blocks of 16
-//                            kept ring in every run). B (blockFor) is 16,
-//                            or 8 and 4 where the model's choice takes
-//                            over 1 and 4 ms, so that a 16 MiB class at
-//                            n=4 tries in ~30 ops, not 130 of ~30 ms
-//   op 2mB+1                 per candidate, each rank sums its times less
-//                            the slowest quarter (a preemption; the first
-//                            block, on caches cold after other work);
-//                            one SUM all-reduce of those m sums (a
-//                            kCalibrate frame with a sequence number of
-//                            its own) gives every rank the same totals;
-//                            the class keeps the fastest candidate, then
-//                            runs the op with it
+//   trial, in kBlocks rounds  each round runs the candidates still in, in
+//                            turn, a block of B ops each; each rank keeps
+//                            its own time of each op, but not of the first
+//                            3B/8 of a block: after a switch, the skew and
+//                            the connections' state the other algorithm
+//                            left last several ops on a machine with more
+//                            ranks than cores (at n=4, 256 KiB, blocks of 4
+//                            kept tree where ring ran 1.2x faster; blocks of
+//                            16 kept ring in every run). B (blockFor) is 16,
+//                            or 8 and 4 where the model's choice takes over
+//                            1 and 4 ms, so that a 16 MiB class at n=4
+//                            tries in ~30 ops, not 130 of ~30 ms
+//   after each round         per candidate, each rank takes the typical op
+//                            time of each of its blocks so far (Block: the
+//                            mean, with a preemption capped), and the lowest
+//                            of them: a block on caches cold after other
+//                            work is left out, but not the slow ops of an
+//                            algorithm whose ops vary (at n=4 under tc, the
+//                            fastest three quarters of direct's ops made it
+//                            0.9x star, where its ops took 1.07x star's in
+//                            turns of 20); one SUM all-reduce of the m
+//                            values (a kCalibrate frame with a sequence
+//                            number of its own) gives every rank the same
+//                            totals. A candidate over kDropRatio times the
+//                            fastest leaves the trial (at n=4, 64 MiB,
+//                            direct took 2.2x ring's 120 ms, a second round
+//                            of it 1 s); after the last round, or with one
+//                            left, the class keeps the fastest
+//   check, C ops             the kept candidate runs on (checkOpsFor: about
+//                            kCheckUs, at least 8 and at most 256 ops), and
+//                            each rank takes the lower of the typical op
+//                            times of its third and fourth quarter; one
+//                            all-reduce agrees it. Where it is over
+//                            kSwitchRatio times another candidate's, the
+//                            class takes that one, and checks it too unless
+//                            it was checked before. A trial of short blocks
+//                            can ride a burst the link cannot keep up: under
+//                            a 1 Gbit/s token bucket on loopback (256 KiB
+//                            of burst), 16 direct all-reduces of 1 KiB at
+//                            n=4 took 54 us each, where direct run on took
+//                            105 us and star 50; the first half of the
+//                            check uses such a burst up
 //   later ops                the kept one; after kRecheckOps of them the
 //                            class runs a new trial, so a machine whose
 //                            speeds change is followed (rarely: at 4096,
@@ -42,10 +64,10 @@
 // choice kStaleRatio times slower than the group measured, the tuning was
 // fitted on a busier machine (a calibration under load, then cached), and
 // onStale says so once, so that the cache can be dropped and the next group
-// calibrates again. Every rank sees the same sums, so all say it alike.
+// calibrates again. Every rank sees the same totals, so all say it alike.
 //
 // Every rank sees the group's ops in the same order with the same sizes, so
-// every rank runs the same trials, agrees at the same op and keeps the same
+// every rank runs the same trials, agrees at the same ops and keeps the same
 // algorithm: no rank decides on its own clock alone. Shared memory and the
 // hierarchical all-reduce, which auto takes by rule, are left as they are.
 #pragma once
@@ -56,6 +78,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "algorithms.h"
 #include "collective.h"
@@ -65,35 +88,51 @@ namespace collx {
 
 class Refiner {
  public:
-  static constexpr int kBlocks = 2;               // blocks per candidate
+  static constexpr int kBlocks = 2;               // trial rounds: blocks per candidate
   static constexpr int kMaxBlock = 16;            // B, at most
   static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its trial's predicted cost over the best's
+  static constexpr double kDropRatio = 2.0;       // a candidate's agreed time / the fastest's that drops it
+  static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
+  static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
   static constexpr double kStaleRatio = 3.0;      // predicted / measured that marks the model stale
 
   // What an auto all-reduce of `bytes` runs, where the model (with the
-  // rules before it) chose `choice`. May run the agreement all-reduce on
+  // rules before it) chose `choice`. May run an agreement all-reduce on
   // c's transport first; throws what that throws.
   Algorithm choose(const Collective& c, size_t bytes, Algorithm choice);
   // The time the op just chosen took on this rank.
   void ran(double us);
-  // What the class of `bytes` has kept, else `choice` (no ops run).
+  // What the class of `bytes` runs now, else `choice` (no ops run).
   Algorithm kept(size_t bytes, Algorithm choice) const;
-  // Whether the class of `bytes` is in the middle of a trial.
+  // Whether the class of `bytes` is in the middle of a trial or its check.
   bool trying(size_t bytes) const;
   // B for a class whose model's choice is predicted at `us` per op, and
   // how many ops at the start of a block go uncounted.
   static int blockFor(double us);
   static int skipped(int block) { return 3 * block / 8; }
+  // C for a candidate the trial agreed at `us` per op.
+  static int checkOpsFor(double us);
 
-  // One line per class that has kept a choice, for the log and
+  // One line per class that has settled on a choice, for the log and
   // backend.tuning: "refined: 64 KiB: ring (27.9 us) over direct (35.1 us)",
-  // and per class in a trial: "refining: 4 MiB: 9 of 33 ops".
+  // and per class still trying: "refining: 4 MiB: 9 of 32 ops" or
+  // "refining: 1 KiB: checking star, 20 of 256 ops".
   std::string describe() const;
-  // Called with describe()'s line of a class when it keeps a choice, and
-  // (once) with what shows the model stale.
+  // Called with describe()'s line of a class when it settles on a choice,
+  // and (once) with what shows the model stale.
   std::function<void(const std::string&)> onKept, onStale;
+
+  // The times of a block of ops on this rank, and its typical op: the mean
+  // with each time capped at kOutlierRatio times the median, so that a
+  // preemption counts as a slow op, not as its milliseconds, while an
+  // algorithm whose ops vary pays for its slow ones. 0 for no ops.
+  struct Block {
+    std::vector<double> us;
+    double typical() const;
+  };
+  static constexpr double kOutlierRatio = 2.0;
 
  private:
   static constexpr int kMax = int(std::size(kFlatAlgorithms));
@@ -101,19 +140,33 @@ class Refiner {
     int count = 0;                 // candidates; a trial needs two or more
     int block = 0;                 // B
     Algorithm candidate[kMax]{};   // the model's choice, then by prediction
+    int active[kMax]{};            // indices of those still in the trial
+    int activeCount = 0;
+    int round = 0;                 // of the trial
     int runs = 0;                  // trial ops so far
-    double us[kMax][kBlocks * kMaxBlock] = {};  // this rank's counted times per candidate
-    int timed[kMax] = {};          // and how many
-    double agreedUs[kMax] = {};    // the group's mean per op, once kept
-    int kept = -1;                 // the index kept, once agreed
-    uint64_t keptOps = 0;
+    int roundRuns = 0;             // and in this round
+    Block trial[kMax][kBlocks];    // this rank's counted times per candidate and round
+    double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
+    bool checked[kMax] = {};       // agreedUs[i] comes from a check
+    int kept = -1;                 // the index kept, once the trial agreed
+    int checkOps = 0;              // C while the kept one is being checked, else 0
+    int checkRuns = 0;
+    Block check[2];                // and in the check's last two quarters
+    uint64_t keptOps = 0;          // since the class settled
   };
+  static Class fresh(const Collective& c, size_t bytes, Algorithm choice);
+  // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
+  // maybe switches); both unlock `lock` around the agreement. `stale` gets
+  // what shows the model stale, where a trial end shows it.
+  void endRound(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock, std::string& stale);
+  void endCheck(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock);
+  // SUM of `n` values across the group (every rank calls it at the same op).
+  void agree(const Collective& c, double* values, int n, std::unique_lock<std::mutex>& lock);
   static std::string describe(size_t bytes, const Class& k);
 
   mutable std::mutex mu_;  // describe() may run in another thread than the ops
   std::map<size_t, Class> classes_;
-  Class* pending_ = nullptr;  // the class whose trial the running op is
-  int pendingIndex_ = 0;     // and its candidate
+  Block* pending_ = nullptr;  // where ran() puts the time of the running op
   uint64_t agreements_ = 0;
   bool stale_ = false;
   Workspace scratch_;  // the agreement's, apart from the op's
