@@ -133,7 +133,9 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
   }
   int left = 0;
   for (int j = 0; j < k.activeCount; ++j) {
-    if (k.agreedUs[k.active[j]] <= kDropRatio * k.agreedUs[best]) k.active[left++] = k.active[j];
+    const double us = k.agreedUs[k.active[j]], fastest = k.agreedUs[best];
+    const bool drop = us > kDropRatio * fastest && (us - fastest) * k.block > kCheapUs;
+    if (!drop) k.active[left++] = k.active[j];
   }
   k.activeCount = left;
   k.roundRuns = 0;

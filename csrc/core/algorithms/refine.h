@@ -36,10 +36,16 @@
 //                            values (a kCalibrate frame with a sequence
 //                            number of its own) gives every rank the same
 //                            totals. A candidate over kDropRatio times the
-//                            fastest leaves the trial (at n=4, 64 MiB,
-//                            direct took 2.2x ring's 120 ms, a second round
-//                            of it 1 s); after the last round, or with one
-//                            left, the class keeps the fastest
+//                            fastest, whose next block would cost over
+//                            kCheapUs more than the fastest's, leaves the
+//                            trial (at n=4, 64 MiB, direct took 2.2x ring's
+//                            120 ms: its second block, 1 s). Where a block
+//                            costs little, one noisy block does not drop a
+//                            candidate: in turns with four other groups at
+//                            16 KiB on shared memory, ring's first block
+//                            measured 2.2x star, and ring ran 0.97x star.
+//                            After the last round, or with one left, the
+//                            class keeps the fastest
 //   check, C ops             the kept candidate runs on (checkOpsFor: about
 //                            kCheckUs, at least 8 and at most 256 ops), and
 //                            each rank takes the lower of the typical op
@@ -92,7 +98,7 @@ class Refiner {
   static constexpr int kMaxBlock = 16;            // B, at most
   static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its trial's predicted cost over the best's
-  static constexpr double kDropRatio = 2.0;       // a candidate's agreed time / the fastest's that drops it
+  static constexpr double kDropRatio = 2.0;       // a candidate's agreed time / the fastest's that may drop it
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
