@@ -150,11 +150,7 @@ def make_groups(args):
             for algo in args.algos:
                 opts = torchcollx.Options(algorithm=algo, transport=transport, **extra)
                 groups.append((f"{prefix}/{algo}", dist.new_group(backend="collx", pg_options=opts)))
-                OPTIONS[f"{prefix}/{algo}"] = opts
     return groups
-
-
-OPTIONS = {}  # the collx groups' pg_options, by name
 
 
 def collx_sets(groups):
@@ -255,15 +251,13 @@ def auto_vs_best(rows, groups, args):
     forced group of the algorithm auto chose over the best: the model's own
     error, free of the auto group's separate setup.
 
-    This is auto's steady state, learnt where it is measured: a fresh auto
-    group (the same options and cached tuning as the table's) takes part,
-    and the rounds at a size are timed once its online refinement
-    (refine.h) has finished trying algorithms there; 'trial' is how many of
-    its ops that took. The table's auto row includes the trial's slower
-    candidates. Learnt alone, the choice can suit another regime: under a
-    token bucket on loopback, direct at 1 KiB (n=4) kept the pace of star
-    while the link had tokens to spare, and took 2x star once the rounds of
-    five groups kept the link full."""
+    This is auto's steady state: first the auto group runs the size until
+    its online refinement (refine.h) has finished trying algorithms there;
+    'trial' is how many ops that took here, after the table's (whose auto
+    row includes the trial's slower candidates). It learns alone, in back-to-
+    back ops, as in a training loop; learning in the rounds instead made its
+    trial pay for the other groups' turns: at 16 KiB on shared memory (n=3
+    and 4), ring's or tree's blocks measured 2x star and were dropped."""
     for prefix in collx_sets(groups):
         auto_vs_best_of(prefix, rows, groups, args)
 
@@ -275,7 +269,6 @@ def auto_vs_best_of(prefix, rows, groups, args):
         return
     rank = dist.get_rank()
     group_of = dict(groups)
-    group_of[auto] = dist.new_group(backend="collx", pg_options=OPTIONS[auto])
     backend = group_of[auto]._get_backend(torch.device("cpu"))
     if rank == 0:
         print(f"# {prefix}: auto against the best forced algorithm, interleaved in rounds (at least {args.rounds}); "
@@ -292,28 +285,23 @@ def auto_vs_best_of(prefix, rows, groups, args):
         k = int(min(50, max(math.ceil(1e-3 / estimate), min(4, math.ceil(20e-3 / estimate)))))
         rounds = int(min(200, max(args.rounds, args.time_per_point / (k * estimate))))
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=args.device)
+        trial = 0  # every rank sees the same ops, so all leave the loop together
+        while backend.refining(size) and trial < 4000:
+            run_ops(group_of[auto], buf, 1)
+            trial += 1
         per_round = {g: [] for g in names}
-
-        def one_round(rnd):
+        for rnd in range(rounds):
             # A new order each round, alike on every rank: the state one
             # group leaves lasts into the next one's turn, and a rotation
-            # keeps every group behind the same one (auto behind direct,
-            # 1.3x the ring group behind it at n=3, 64 KiB, both on ring).
+            # keeps every group behind the same one (n=3, 64 KiB: two ring
+            # groups, behind direct and behind tree, measured 151 and 167 us
+            # rotated, 138 and 139 us shuffled).
             order = sorted(names)
             random.Random(rnd).shuffle(order)
             for g in order:
                 run_ops(group_of[g], buf, 1)  # re-warm after the other groups
                 ts = run_ops(group_of[g], buf, k)
                 per_round[g].append((ts[-1] - ts[0]) / k)
-
-        one_round(0)
-        trial = 0  # every rank sees the same ops, so all leave the loop together
-        while backend.refining(size) and trial < 4000:
-            trial += k + 1
-            one_round(trial)
-        per_round = {g: [] for g in names}
-        for rnd in range(rounds):
-            one_round(rnd)
         med = dict(zip(names, agreed_max(*[statistics.median(per_round[g]) for g in names])))
         forced = [g for g in names if g != auto]
         best = min(forced, key=med.get)

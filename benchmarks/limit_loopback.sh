@@ -11,6 +11,12 @@
 # reuse a tuning cached on the full one. The limited loopback stands for a
 # link between hosts, so collx keeps the system's congestion control on it
 # (COLLX_TCP_CONGESTION=system) instead of the reno it uses within a host.
+#
+# The bucket holds 70 KB, just over one loopback packet (64 KiB MTU): a link
+# never sends faster than its rate, while a bucket of 256 KiB let 2 ms of
+# traffic through at loopback speed, so that 16 ops of a trial ran on tokens
+# that back-to-back ops soon used up (direct at 1 KiB, n=4: 54 us an op, 105
+# once the bucket was empty; star 50).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 RATE COMMAND [ARGS...]   (RATE in tc syntax, e.g. 1gbit)" >&2
@@ -22,7 +28,7 @@ if tc qdisc show dev lo | grep -q "qdisc tbf"; then
   echo "$0: lo already has a tbf qdisc; remove it first (tc qdisc del dev lo root)" >&2
   exit 1
 fi
-tc qdisc add dev lo root tbf rate "$rate" burst 256kb latency 100ms
+tc qdisc add dev lo root tbf rate "$rate" burst 70kb latency 100ms
 trap 'tc qdisc del dev lo root' EXIT
 export COLLX_TCP_CONGESTION=${COLLX_TCP_CONGESTION:-system}
 "$@"
