@@ -67,6 +67,17 @@ int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expe
   return ops;
 }
 
+// One rank's refiner over its device, and the line it last settled on.
+struct Ranked {
+  Ranked(tcp::Device& d, const Tuning& t) : c(collective(d, t, ws)) {
+    refiner.onKept = [this](const std::string& s) { line = s; };
+  }
+  Workspace ws;
+  Refiner refiner;
+  std::string line;
+  const Collective c;
+};
+
 // Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
 // against 30): summed, ring wins (50 against 70 per trial pair), and every
 // rank keeps ring, rank 0 included. The first ops of each block are left
@@ -154,11 +165,8 @@ void testSlowClassesTryLess() {
   CHECK(block == 4, "blocks of ", block, " at 16 MiB");
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
-    Workspace ws;
-    Refiner refiner;
-    std::string line;
-    refiner.onKept = [&](const std::string& s) { line = s; };
-    const Collective c = collective(*g.devices[r], t, ws);
+    Ranked k(*g.devices[r], t);
+    auto& [ws, refiner, line, c] = k;
     for (int i = 0; i < 2 * block; ++i) {
       CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
       refiner.ran(trialAlgorithm(i, block) == Algorithm::kRing ? 20000.0 : 50000.0);
@@ -186,11 +194,8 @@ void testThreeCandidates() {
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   const Algorithm order[] = {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar};
   test::runRanks(kRanks, [&](int r) {
-    Workspace ws;
-    Refiner refiner;
-    std::string line;
-    refiner.onKept = [&](const std::string& s) { line = s; };
-    const Collective c = collective(*g.devices[r], t, ws);
+    Ranked k(*g.devices[r], t);
+    auto& [ws, refiner, line, c] = k;
     const int block = blockAt(t, kClose);
     for (int i = 0; i < trialOps(3, block); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
@@ -212,11 +217,8 @@ void testKeptChoiceMustKeepItsPace() {
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     for (double ringHeld : {15.0, 150.0}) {
-      Workspace ws;
-      Refiner refiner;
-      std::string line;
-      refiner.onKept = [&](const std::string& s) { line = s; };
-      const Collective c = collective(*g.devices[r], t, ws);
+      Ranked k(*g.devices[r], t);
+      auto& [ws, refiner, line, c] = k;
       for (int i = 0; i < trialOps(2, block); ++i) {
         CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
         refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 15.0);
@@ -248,11 +250,8 @@ void testVaryingOpsPayForTheirSlowOnes() {
   const int block = blockAt(t, kClose), skip = Refiner::skipped(block);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
-    Workspace ws;
-    Refiner refiner;
-    std::string line;
-    refiner.onKept = [&](const std::string& s) { line = s; };
-    const Collective c = collective(*g.devices[r], t, ws);
+    Ranked k(*g.devices[r], t);
+    auto& [ws, refiner, line, c] = k;
     for (int i = 0; i < trialOps(2, block); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
