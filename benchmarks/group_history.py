@@ -1,0 +1,69 @@
+"""Does a group's past slow its later ops? Four collx groups forced to the same
+algorithm; two of them first run a few large all-reduces. Then all four run
+all-reduces of --size in shuffled interleaved rounds, and the script prints
+each group's median time per op.
+
+Measured on the 2-core machine, n=2 over TCP, ring, 1 MiB: the two groups that
+had run five 64 MiB all-reduces took 1.3x the others' time (511-561 against
+377-413 us), in both phases; over shared memory the four were alike. With
+net.ipv4.tcp_wmem's maximum lowered from 4 MiB to 512 KiB all four took
+404-433 us (a 1 MiB tcp_rmem maximum changed nothing): the send buffers that
+autotuning grew for the large ops slow the later ones. It is an open defect
+(issue 14's notes), kept here as its reproducer:
+
+    .venv/bin/torchrun --nproc_per_node=2 benchmarks/group_history.py --size 1M
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import torchcollx
+from bench_common import agreed_max, parse_size
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size", type=parse_size, default=1 << 20, help="bytes of the timed all-reduces")
+    p.add_argument("--before", type=parse_size, default=64 << 20, help="bytes of the large all-reduces first")
+    p.add_argument("--algorithm", default="ring")
+    p.add_argument("--transport", default="tcp")
+    p.add_argument("--rounds", type=int, default=40)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    opts = torchcollx.Options(algorithm=args.algorithm, transport=args.transport)
+    names = ["fresh0", "fresh1", "large0", "large1"]
+    groups = {n: dist.new_group(backend="collx", pg_options=opts) for n in names}
+    big = torch.zeros(args.before // 4)
+    for n in names[2:]:
+        for _ in range(5):
+            dist.all_reduce(big, group=groups[n])
+    del big
+    buf = torch.zeros(max(1, args.size // 4))
+    for n in names:
+        for _ in range(50):
+            dist.all_reduce(buf, group=groups[n])
+    for phase in range(2):
+        per = {n: [] for n in names}
+        for rnd in range(args.rounds):
+            order = list(names)
+            random.Random(rnd).shuffle(order)  # alike on every rank
+            for n in order:
+                dist.all_reduce(buf, group=groups[n])
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    dist.all_reduce(buf, group=groups[n])
+                per[n].append((time.perf_counter() - t0) / 5)
+        med = agreed_max(*[statistics.median(per[n]) for n in names])
+        if dist.get_rank() == 0:
+            print(f"phase {phase}: " + "  ".join(f"{n} {t * 1e6:.0f} us" for n, t in zip(names, med)), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
