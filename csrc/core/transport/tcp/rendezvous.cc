@@ -161,12 +161,19 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
   // and under bbr some groups ran 1.7x slower than others doing the same.
   // Reno, which does not pace and which every kernel allows, is used there
   // by default (COLLX_TCP_CONGESTION). Across hosts the system's choice stands.
+  //
+  // The send buffer is fixed there too: autotuning grows it for large ops
+  // (to 4 MiB) and never shrinks it, and a grown one slowed the group's later
+  // ops (n=2, ring, 1 MiB: 1.3x after five 64 MiB all-reduces,
+  // benchmarks/group_history.py; 64 MiB itself ran 1.45x faster capped).
+  constexpr int kLocalSendBuffer = 256 << 10;  // the kernel doubles it
   for (int peer = 0; peer < size; ++peer) {
-    if (localCongestion.empty() || peer == rank || mesh.hosts[size_t(peer)] != mesh.hosts[size_t(rank)]) continue;
+    if (peer == rank || mesh.hosts[size_t(peer)] != mesh.hosts[size_t(rank)]) continue;
     for (auto& channel : mesh.sockets) {
-      COLLX_CHECK(channel[size_t(peer)].setCongestionControl(localCongestion.c_str()), "collx rank ", rank,
-                  ": the kernel refuses congestion control '", localCongestion, "' (COLLX_TCP_CONGESTION): ",
-                  strerror(errno));
+      channel[size_t(peer)].setSendBuffer(kLocalSendBuffer);
+      COLLX_CHECK(localCongestion.empty() || channel[size_t(peer)].setCongestionControl(localCongestion.c_str()),
+                  "collx rank ", rank, ": the kernel refuses congestion control '", localCongestion,
+                  "' (COLLX_TCP_CONGESTION): ", strerror(errno));
     }
   }
   return mesh;  // the listener closes here: nobody can connect any more

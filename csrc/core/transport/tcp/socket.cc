@@ -55,6 +55,10 @@ bool Socket::setCongestionControl(const char* name) {
   return setsockopt(fd_, IPPROTO_TCP, TCP_CONGESTION, name, socklen_t(strlen(name))) == 0;
 }
 
+void Socket::setSendBuffer(int bytes) {
+  (void)setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);  // best effort: a hint
+}
+
 std::string Address::str() const {
   char host[NI_MAXHOST] = {0};
   char serv[NI_MAXSERV] = {0};

@@ -31,6 +31,9 @@ class Socket {
   // Switches the connection to another congestion control (e.g. "reno");
   // false where the kernel refuses.
   bool setCongestionControl(const char* name);
+  // Fixes the send buffer (the kernel doubles `bytes`, up to its
+  // net.core.wmem_max), which turns its autotuning off.
+  void setSendBuffer(int bytes);
 
  private:
   int fd_ = -1;
