@@ -165,7 +165,7 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
   // The send buffer is fixed there too: autotuning grows it for large ops
   // (to 4 MiB) and never shrinks it, and a grown one slowed the group's later
   // ops (n=2, ring, 1 MiB: 1.3x after five 64 MiB all-reduces,
-  // benchmarks/group_history.py; 64 MiB itself ran 1.45x faster capped).
+  // benchmarks/group_history.py; 64 MiB itself ran 1.37x faster capped).
   constexpr int kLocalSendBuffer = 256 << 10;  // the kernel doubles it
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank || mesh.hosts[size_t(peer)] != mesh.hosts[size_t(rank)]) continue;
