@@ -189,10 +189,26 @@ def run_ops(group, buf, k):
     return ts
 
 
+def settle(group, buf, device, cap=4000):
+    """Runs ops until a collx auto group's online refinement (refine.h) has
+    finished trying algorithms at this size, as a training loop's first
+    steps would; returns how many ops that took (0 for other groups). Every
+    rank sees the same ops, so all leave the loop together."""
+    backend = group._get_backend(device)
+    ops = 0
+    while hasattr(backend, "refining") and backend.refining(buf.nbytes) and ops < cap:
+        run_ops(group, buf, 1)
+        ops += 1
+    return ops
+
+
 def time_point(name, group, nbytes, args):
+    """The steady state of one group at one size: an auto group first
+    settles its choice (settle), then the warm-ups, then the timed ops."""
     buf = torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=args.device)
     check(name, group, buf)
     buf.zero_()  # stays 0 under repeated sums (no overflow / inf)
+    settle(group, buf, torch.device(args.device))
     ts = run_ops(group, buf, args.warmup)
     est = agreed_max((ts[-1] - ts[0]) / args.warmup)
     k = int(min(200, max(1, 0.2 * args.time_per_point / est)))  # second, longer warmup
@@ -251,11 +267,11 @@ def auto_vs_best(rows, groups, args):
     forced group of the algorithm auto chose over the best: the model's own
     error, free of the auto group's separate setup.
 
-    This is auto's steady state: first the auto group runs the size until
-    its online refinement (refine.h) has finished trying algorithms there;
-    'trial' is how many ops that took here, after the table's (whose auto
-    row includes the trial's slower candidates). It learns alone, in back-to-
-    back ops, as in a training loop; learning in the rounds instead made its
+    This is auto's steady state, as in the table: the auto group settles
+    its choice first (settle); 'trial' counts the ops that took here, after
+    the table's (0 when the table's settled it: a check's switch can reopen
+    it). It learns alone, in back-to-back ops, as in a training loop;
+    learning in the rounds instead made its
     trial pay for the other groups' turns: at 16 KiB on shared memory (n=3
     and 4), ring's or tree's blocks measured 2x star and were dropped."""
     for prefix in collx_sets(groups):
@@ -285,10 +301,7 @@ def auto_vs_best_of(prefix, rows, groups, args):
         k = int(min(50, max(math.ceil(1e-3 / estimate), min(4, math.ceil(20e-3 / estimate)))))
         rounds = int(min(200, max(args.rounds, args.time_per_point / (k * estimate))))
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=args.device)
-        trial = 0  # every rank sees the same ops, so all leave the loop together
-        while backend.refining(size) and trial < 4000:
-            run_ops(group_of[auto], buf, 1)
-            trial += 1
+        trial = settle(group_of[auto], buf, torch.device(args.device))
         per_round = {g: [] for g in names}
         for rnd in range(rounds):
             # A new order each round, alike on every rank: the state one

@@ -43,7 +43,7 @@ run() {  # name, timeout, command...: a failure's last lines go into the summary
 # Every CUDA test, one pytest worker per file (a file's cases share their rank
 # launches): the kernels, the collectives at 2 and 4 ranks on cuda:0, the DDP
 # hook's CUDA buckets at 2 and 4 ranks. -rs lists skips: here a skip is a failure.
-want tests && run tests 300 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
+want tests && run tests 240 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
   tests/test_cuda.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda tests/test_groups.py::test_split_group
 want kernels && run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
 # The floor of a staged op: each CUDA call it makes, and a one-rank group.
@@ -62,8 +62,8 @@ variant() {  # ranks, name, VAR=value...
   VARS="$*" bench "bench_var_n${n}_$name" "$n" cuda 1M,4M,16M,64M --backends collx --time-per-point 0.2
 }
 for n in 2 4; do
-  want allreduce && bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M
-  want allreduce && bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M
+  want allreduce && bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M --transports shm,tcp
+  want allreduce && bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M --transports shm,tcp
   if want variants; then
     variant $n gpu_reduce_64K COLLX_DEVICE_REDUCE_MIN_BYTES=65536
     variant $n host_reduce COLLX_DEVICE_REDUCE_MIN_BYTES=off
