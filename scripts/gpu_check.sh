@@ -55,20 +55,19 @@ bench() {  # name, ranks, device, sizes, [more benchmark arguments]
   run "$1" 150 env $VARS $PY -m torch.distributed.run --nproc_per_node=$2 benchmarks/allreduce.py --device "$3" \
     --algos auto --sizes "$4" --time-per-point 0.3 --no-loopback --plot "$W/$1.png" --json "$W/$1.json" "${@:5}"
 }
-# The staging's settings, collx alone on CUDA tensors: reductions on the host
-# (off) or on the GPU (from 64 KiB), and the pipeline's chunk.
+# The staging's pipeline chunk, collx alone on CUDA tensors (host reductions,
+# the default): ranks time-sharing one GPU pay for every wait on a copy, so
+# fewer, larger chunks may win where the CPU op is fast (shared memory).
 variant() {  # ranks, name, VAR=value...
   local n=$1 name=$2; shift 2
-  VARS="$*" bench "bench_var_n${n}_$name" "$n" cuda 1M,4M,16M,64M --backends collx --time-per-point 0.2
+  VARS="$*" bench "bench_var_n${n}_$name" "$n" cuda 4M,16M,64M --backends collx --time-per-point 0.2
 }
 for n in 2 4; do
   want allreduce && bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M --transports shm,tcp
   want allreduce && bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M --transports shm,tcp
   if want variants; then
-    variant $n gpu_reduce_64K COLLX_DEVICE_REDUCE_MIN_BYTES=65536
-    variant $n host_reduce COLLX_DEVICE_REDUCE_MIN_BYTES=off
-    variant $n host_reduce_chunk_1M COLLX_DEVICE_REDUCE_MIN_BYTES=off COLLX_STAGING_CHUNK_BYTES=1048576
-    variant $n host_reduce_no_pipeline COLLX_DEVICE_REDUCE_MIN_BYTES=off COLLX_STAGING_CHUNK_BYTES=off
+    bench "bench_var_n${n}_cpu" "$n" cpu 4M,16M,64M --backends collx --time-per-point 0.2  # the floor
+    for chunk in 4194304 8388608 16777216 off; do variant $n chunk_$chunk COLLX_STAGING_CHUNK_BYTES=$chunk; done
   fi
 done
 cat "$W"/bench_*.txt >> "$W/summary.txt" 2>/dev/null
