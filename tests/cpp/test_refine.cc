@@ -44,15 +44,17 @@ Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uint64_t s
                     512 << 10, 2, ws, &t};
 }
 
-// The ops of a trial among `candidates` in blocks of `block`.
-int trialOps(int candidates, int block) { return candidates * Refiner::kBlocks * block; }
+// The ops of a trial among `candidates` in `rounds` blocks of `block`.
+int trialOps(int candidates, int block, int rounds = Refiner::kMinRounds) { return candidates * rounds * block; }
 
 // The candidate of trial op i between direct (the model's choice) and ring.
 Algorithm trialAlgorithm(int i, int block) { return i / block % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing; }
 
-int blockAt(const Tuning& t, size_t bytes) {
-  return Refiner::blockFor(predictAllreduceUs(t, chooseAllreduce(t, kRanks, 2, bytes), kRanks, 2, bytes));
+double predictedAt(const Tuning& t, size_t bytes) {
+  return predictAllreduceUs(t, chooseAllreduce(t, kRanks, 2, bytes), kRanks, 2, bytes);
 }
+int blockAt(const Tuning& t, size_t bytes) { return Refiner::blockFor(predictedAt(t, bytes)); }
+int roundsAt(const Tuning& t, size_t bytes) { return Refiner::roundsFor(predictedAt(t, bytes) * blockAt(t, bytes)); }
 
 // Runs the check of what the trial kept, and the op that settles it, each
 // taking `us`: every op must run `expect`. Returns how many ops that took.
@@ -85,7 +87,8 @@ struct Ranked {
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose), skip = Refiner::skipped(block);
-  CHECK(block == Refiner::kMaxBlock, "blocks of ", block, " at 256 KiB");
+  CHECK(block == Refiner::kMaxBlock && roundsAt(t, kClose) == Refiner::kMinRounds, "blocks of ", block, ", ",
+        roundsAt(t, kClose), " rounds at 256 KiB");
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
@@ -265,6 +268,34 @@ void testVaryingOpsPayForTheirSlowOnes() {
   });
 }
 
+// A class of cheap ops runs more rounds, and each candidate counts its
+// lower median block: direct's first two blocks fall in a slow spell of
+// the machine (120 us an op), its other six take 50; ring steadily takes
+// 55. Direct is kept, where two rounds (the lowest of two) kept ring.
+void testCheapClassesTryInMoreRounds() {
+  CHECK(Refiner::roundsFor(16 * 10.0) == 8 && Refiner::roundsFor(16 * 40.0) == 7 && Refiner::roundsFor(16 * 400.0) == 2 &&
+            Refiner::roundsFor(0) == 8,
+        "roundsFor: ", Refiner::roundsFor(16 * 10.0), ", ", Refiner::roundsFor(16 * 40.0), ", ",
+        Refiner::roundsFor(16 * 400.0));
+  constexpr size_t kCheap = 8 << 10;
+  const Tuning t = closeModel(kCheap);
+  const int block = blockAt(t, kCheap), rounds = roundsAt(t, kCheap);
+  CHECK(rounds == Refiner::kMaxRounds, rounds, " rounds at 8 KiB (", predictedAt(t, kCheap), " us predicted)");
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
+  test::runRanks(kRanks, [&](int r) {
+    Ranked k(*g.devices[r], t);
+    auto& [ws, refiner, line, c] = k;
+    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+      const Algorithm a = refiner.choose(c, kCheap, Algorithm::kDirect);
+      CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
+      refiner.ran(a == Algorithm::kRing ? 55.0 : i < 4 * block ? 120.0 : 50.0);
+      CHECK(refiner.trying(kCheap), "op ", i, " is in the trial");
+    }
+    runCheck(refiner, c, kCheap, Algorithm::kDirect, 50.0);
+    CHECK(line == "refined: 8 KiB: direct (50.0 us) over ring (55.0 us)", line);
+  });
+}
+
 // The real path: auto all-reduces of sizes within one class, with the
 // refiner set, each checked against the locally computed sum; every rank
 // must run the same algorithm at every op, take turns in the trial's first
@@ -292,8 +323,8 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
       }
     };
     int i = 0;
-    // Two rounds of two blocks, two checks at most, then six settled ops.
-    const int most = trialOps(2, block) + 2 * Refiner::checkOpsFor(0);
+    // R rounds of two blocks, two checks at most, then six settled ops.
+    const int most = trialOps(2, block, roundsAt(t, close)) + 2 * Refiner::checkOpsFor(0);
     while ((i == 0 || refiner.trying(close)) && i < most) op(i++);
     settledAt[r] = i;
     for (int more = 0; more < 6; ++more) op(i++);
@@ -313,6 +344,7 @@ int main() {
   testSlowClassesTryLess();
   testKeptChoiceMustKeepItsPace();
   testVaryingOpsPayForTheirSlowOnes();
+  testCheapClassesTryInMoreRounds();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.
   testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);

@@ -37,14 +37,16 @@ std::string sizeName(size_t bytes) {
   return str(bytes, " B");
 }
 
-// The lowest typical op time of `n` blocks (those with ops).
-double lowest(const Refiner::Block* b, int n) {
-  double low = 0;
+// The lower median of the typical op times of `n` blocks (those with ops):
+// the lowest of two, the second lowest of three or four, and so on.
+double lowerMedian(const Refiner::Block* b, int n) {
+  std::vector<double> typical;
   for (int j = 0; j < n; ++j) {
-    const double t = b[j].typical();
-    if (t > 0 && (low == 0 || t < low)) low = t;
+    if (const double t = b[j].typical(); t > 0) typical.push_back(t);
   }
-  return low;
+  if (typical.empty()) return 0;
+  std::sort(typical.begin(), typical.end());
+  return typical[(typical.size() - 1) / 2];
 }
 
 }  // namespace
@@ -66,10 +68,11 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
   const Tuning& t = c.costs();
   const double best = predictAllreduceUs(t, choice, c.size(), c.treeArity, bytes);
   k.block = blockFor(best);
+  k.rounds = roundsFor(best * k.block);
   std::vector<std::pair<double, Algorithm>> close;
   for (Algorithm a : kFlatAlgorithms) {
     const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
-    const bool cheap = (us - best) * kBlocks * k.block <= kCheapUs;
+    const bool cheap = (us - best) * k.rounds * k.block <= kCheapUs;
     if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
   }
   std::sort(close.begin(), close.end());
@@ -123,7 +126,7 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
 void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock,
                        std::string& stale) {
   double sums[kMax] = {};
-  for (int j = 0; j < k.activeCount; ++j) sums[k.active[j]] = lowest(k.trial[k.active[j]], k.round + 1);
+  for (int j = 0; j < k.activeCount; ++j) sums[k.active[j]] = lowerMedian(k.trial[k.active[j]], k.round + 1);
   agree(c, sums, k.count, lock);
   int best = k.active[0];  // ties: the model's order
   for (int j = 0; j < k.activeCount; ++j) {
@@ -139,7 +142,7 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
   }
   k.activeCount = left;
   k.roundRuns = 0;
-  if (++k.round < kBlocks && left > 1) return;
+  if (++k.round < k.rounds && left > 1) return;
   k.kept = best;
   k.checkOps = checkOpsFor(k.agreedUs[best]);
   const double predicted = predictAllreduceUs(c.costs(), k.candidate[0], c.size(), c.treeArity, bytes);
@@ -152,7 +155,7 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
 }
 
 void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock) {
-  double sum = lowest(k.check, 2);
+  double sum = lowerMedian(k.check, 2);
   agree(c, &sum, 1, lock);
   k.agreedUs[k.kept] = sum / c.size();
   k.checked[k.kept] = true;
@@ -200,6 +203,10 @@ bool Refiner::trying(size_t bytes) const {
 
 int Refiner::blockFor(double us) { return us <= 1000 ? kMaxBlock : us <= 4000 ? kMaxBlock / 2 : kMaxBlock / 4; }
 
+int Refiner::roundsFor(double blockUs) {
+  return blockUs * kMaxRounds <= kRoundUs ? kMaxRounds : std::max(kMinRounds, int(kRoundUs / blockUs));
+}
+
 int Refiner::checkOpsFor(double us) {
   constexpr int kFewest = 8, kMost = 256;
   return us * kMost <= kCheckUs ? kMost : std::max(kFewest, int(kCheckUs / us + 0.5));
@@ -207,7 +214,7 @@ int Refiner::checkOpsFor(double us) {
 
 std::string Refiner::describe(size_t bytes, const Class& k) {
   if (k.kept < 0) {
-    const int planned = k.runs - k.roundRuns + k.activeCount * k.block * (kBlocks - k.round);
+    const int planned = k.runs - k.roundRuns + k.activeCount * k.block * (k.rounds - k.round);
     return str("refining: ", sizeName(bytes), ": ", k.runs, " of ", planned, " ops");
   }
   if (k.checkOps > 0) {

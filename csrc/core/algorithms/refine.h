@@ -12,7 +12,7 @@
 // kCheapUs more than the choice's over its 2B ops, which at tens of us per op
 // tries every algorithm), m of them:
 //
-//   trial, in kBlocks rounds  each round runs the candidates still in, in
+//   trial, in R rounds       each round runs the candidates still in, in
 //                            turn, a block of B ops each; each rank keeps
 //                            its own time of each op, but not of the first
 //                            3B/8 of a block: after a switch, the skew and
@@ -23,12 +23,20 @@
 //                            16 kept ring in every run). B (blockFor) is 16,
 //                            or 8 and 4 where the model's choice takes over
 //                            1 and 4 ms, so that a 16 MiB class at n=4
-//                            tries in ~30 ops, not 130 of ~30 ms
+//                            tries in ~30 ops, not 130 of ~30 ms. R
+//                            (roundsFor) is 2, or up to 8 where R blocks
+//                            of the model's choice take under kRoundUs: with
+//                            more ranks than cores, a machine runs in slow
+//                            spells of ~10 ms (n=3, 16 KiB on shared
+//                            memory: the same algorithm took 53 and 102 us
+//                            an op over 160 ops), and in two rounds direct
+//                            measured 113 us where it ran 50, 0.9x star
 //   after each round         per candidate, each rank takes the typical op
 //                            time of each of its blocks so far (Block: the
-//                            mean, with a preemption capped), and the lowest
-//                            of them: a block on caches cold after other
-//                            work is left out, but not the slow ops of an
+//                            mean, with a preemption capped), and their
+//                            lower median (of two, the lower): a block on
+//                            caches cold after other work or in a slow
+//                            spell is left out, but not the slow ops of an
 //                            algorithm whose ops vary (at n=4 under tc, the
 //                            fastest three quarters of direct's ops made it
 //                            0.9x star, where its ops took 1.07x star's in
@@ -94,7 +102,9 @@ namespace collx {
 
 class Refiner {
  public:
-  static constexpr int kBlocks = 2;               // trial rounds: blocks per candidate
+  static constexpr int kMinRounds = 2;            // trial rounds (blocks per candidate), R
+  static constexpr int kMaxRounds = 8;            // R, at most, for cheap blocks
+  static constexpr double kRoundUs = 5000;        // R blocks of the model's choice take about this
   static constexpr int kMaxBlock = 16;            // B, at most
   static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its trial's predicted cost over the best's
@@ -118,6 +128,8 @@ class Refiner {
   // how many ops at the start of a block go uncounted.
   static int blockFor(double us);
   static int skipped(int block) { return 3 * block / 8; }
+  // R for that class, whose blocks take `blockUs` each.
+  static int roundsFor(double blockUs);
   // C for a candidate the trial agreed at `us` per op.
   static int checkOpsFor(double us);
 
@@ -145,13 +157,14 @@ class Refiner {
   struct Class {
     int count = 0;                 // candidates; a trial needs two or more
     int block = 0;                 // B
+    int rounds = 0;                // R
     Algorithm candidate[kMax]{};   // the model's choice, then by prediction
     int active[kMax]{};            // indices of those still in the trial
     int activeCount = 0;
     int round = 0;                 // of the trial
     int runs = 0;                  // trial ops so far
     int roundRuns = 0;             // and in this round
-    Block trial[kMax][kBlocks];    // this rank's counted times per candidate and round
+    Block trial[kMax][kMaxRounds];  // this rank's counted times per candidate and round
     double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
     bool checked[kMax] = {};       // agreedUs[i] comes from a check
     int kept = -1;                 // the index kept, once the trial agreed
