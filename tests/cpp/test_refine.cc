@@ -5,7 +5,8 @@
 // keep up its trial's pace gives way to the next best; classes the model
 // finds clear-cut run no trial; a settled choice is re-tried after
 // kRecheckOps; algorithms far off but cheap to try are tried; a class of
-// slow ops runs shorter blocks; a model far slower than the measured times
+// slow ops runs shorter blocks, one of cheap ops more rounds, judged by
+// each candidate's lower median block; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
 
@@ -273,8 +274,8 @@ void testVaryingOpsPayForTheirSlowOnes() {
 // the machine (120 us an op), its other six take 50; ring steadily takes
 // 55. Direct is kept, where two rounds (the lowest of two) kept ring.
 void testCheapClassesTryInMoreRounds() {
-  CHECK(Refiner::roundsFor(16 * 10.0) == 8 && Refiner::roundsFor(16 * 40.0) == 7 && Refiner::roundsFor(16 * 400.0) == 2 &&
-            Refiner::roundsFor(0) == 8,
+  CHECK(Refiner::roundsFor(16 * 10.0) == 8 && Refiner::roundsFor(16 * 40.0) == 7 &&
+            Refiner::roundsFor(16 * 400.0) == 2 && Refiner::roundsFor(0) == 8,
         "roundsFor: ", Refiner::roundsFor(16 * 10.0), ", ", Refiner::roundsFor(16 * 40.0), ", ",
         Refiner::roundsFor(16 * 400.0));
   constexpr size_t kCheap = 8 << 10;
