@@ -6,7 +6,8 @@
 // finds clear-cut run no trial; a settled choice is re-tried after
 // kRecheckOps; algorithms far off but cheap to try are tried; a class of
 // slow ops runs shorter blocks, one of cheap ops more rounds, judged by
-// each candidate's lower median block; a model far slower than the measured times
+// each candidate's lower median block; the shared-memory windows are a
+// candidate where auto takes them; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
 
@@ -297,6 +298,33 @@ void testCheapClassesTryInMoreRounds() {
   });
 }
 
+// Over shared memory, from 64 KiB, auto takes the windows by rule: the
+// trial runs them first, then the model's choice (direct) and ring. Ring,
+// the fastest, is kept; below 64 KiB, where auto takes the one-round
+// shared-memory all-reduce, nothing is tried.
+void testSharedWindowsAreACandidate() {
+  const Tuning t = closeModel();
+  const int block = blockAt(t, kClose);
+  test::Group g(kRanks, test::over(shm::Mode::kShm));
+  const Algorithm order[] = {Algorithm::kShm, Algorithm::kDirect, Algorithm::kRing};
+  test::runRanks(kRanks, [&](int r) {
+    Ranked k(*g.devices[r], t);
+    auto& [ws, refiner, line, c] = k;
+    CHECK(useSharedWindows(c.transport, kClose), "rank ", r, ": no shared windows");
+    for (int i = 0; i < trialOps(3, block); ++i) {
+      const Algorithm a = refiner.choose(c, kClose, Algorithm::kShm);
+      CHECK(a == order[i / block % 3], "rank ", r, " trial ", i, ": ", name(a));
+      refiner.ran(a == Algorithm::kRing ? 10.0 : a == Algorithm::kShm ? 12.0 : 25.0);
+    }
+    runCheck(refiner, c, kClose, Algorithm::kRing, 10.0);
+    CHECK(line == "refined: 256 KiB: ring (10.0 us) over shm (12.0 us), direct (25.0 us)", line);
+    CHECK(refiner.kept(kClose, Algorithm::kShm) == Algorithm::kRing, "rank ", r, ": ring not kept");
+    for (int i = 0; i < 100; ++i) {
+      CHECK(refiner.choose(c, 1024, Algorithm::kShm) == Algorithm::kShm && !refiner.trying(1024), "a trial at 1 KiB");
+    }
+  });
+}
+
 // The real path: auto all-reduces of sizes within one class, with the
 // refiner set, each checked against the locally computed sum; every rank
 // must run the same algorithm at every op, take turns in the trial's first
@@ -346,6 +374,7 @@ int main() {
   testKeptChoiceMustKeepItsPace();
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
+  testSharedWindowsAreACandidate();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.
   testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);
