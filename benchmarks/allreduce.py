@@ -268,10 +268,10 @@ def auto_vs_best(rows, groups, args):
     error, free of the auto group's separate setup.
 
     This is auto's steady state, as in the table: the auto group settles
-    its choice first (settle); 'trial' counts the ops that took here, after
-    the table's (0 when the table's settled it: a check's switch can reopen
-    it). It learns alone, in back-to-back ops, as in a training loop;
-    learning in the rounds instead made its
+    its choice first (settle); 'trial' counts the ops that took here: 0
+    where the table's settle finished it, more where a class ran a new
+    trial (after 65536 ops). It learns alone, in back-to-back ops, as in a
+    training loop; learning in the rounds instead made its
     trial pay for the other groups' turns: at 16 KiB on shared memory (n=3
     and 4), ring's or tree's blocks measured 2x star and were dropped."""
     for prefix in collx_sets(groups):
