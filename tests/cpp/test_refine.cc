@@ -10,6 +10,8 @@
 // candidate where auto takes them; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
+#include <functional>
+#include <vector>
 
 #include "../../csrc/core/algorithms/refine.h"
 #include "../../csrc/core/algorithms/tuning.h"
@@ -69,6 +71,19 @@ int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expe
     ++ops;
   } while (refiner.trying(bytes));
   return ops;
+}
+
+// Runs a trial of two rounds that the model's `choice` starts, checking
+// that its ops take `order` in turn in blocks of `block`, each op taking
+// us(algorithm).
+void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
+                    const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us) {
+  const int candidates = int(order.size());
+  for (int i = 0; i < trialOps(candidates, block); ++i) {
+    const Algorithm a = refiner.choose(c, bytes, choice);
+    CHECK(a == order[size_t(i / block % candidates)], "trial op ", i, ": ", name(a));
+    refiner.ran(us(a));
+  }
 }
 
 // One rank's refiner over its device, and the line it last settled on.
@@ -197,16 +212,12 @@ void testThreeCandidates() {
   CHECK(us(Algorithm::kStar) <= Refiner::kCloseRatio * us(Algorithm::kDirect) && us(Algorithm::kStar) > us(Algorithm::kRing),
         "star is the third candidate: ", us(Algorithm::kStar), " us, ring ", us(Algorithm::kRing));
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  const Algorithm order[] = {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar};
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
-    const int block = blockAt(t, kClose);
-    for (int i = 0; i < trialOps(3, block); ++i) {
-      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
-      CHECK(a == order[i / block % 3], "rank ", r, " trial ", i, ": ", name(a));
-      refiner.ran(a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 8.0 : 25.0);
-    }
+    runTrialInTurn(refiner, c, kClose, Algorithm::kDirect, {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar},
+                   blockAt(t, kClose),
+                   [](Algorithm a) { return a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 8.0 : 25.0; });
     runCheck(refiner, c, kClose, Algorithm::kStar, 5.0);
     CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (8.0 us)", line);
   });
@@ -306,16 +317,12 @@ void testSharedWindowsAreACandidate() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose);
   test::Group g(kRanks, test::over(shm::Mode::kShm));
-  const Algorithm order[] = {Algorithm::kShm, Algorithm::kDirect, Algorithm::kRing};
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
     CHECK(useSharedWindows(c.transport, kClose), "rank ", r, ": no shared windows");
-    for (int i = 0; i < trialOps(3, block); ++i) {
-      const Algorithm a = refiner.choose(c, kClose, Algorithm::kShm);
-      CHECK(a == order[i / block % 3], "rank ", r, " trial ", i, ": ", name(a));
-      refiner.ran(a == Algorithm::kRing ? 10.0 : a == Algorithm::kShm ? 12.0 : 25.0);
-    }
+    runTrialInTurn(refiner, c, kClose, Algorithm::kShm, {Algorithm::kShm, Algorithm::kDirect, Algorithm::kRing}, block,
+                   [](Algorithm a) { return a == Algorithm::kRing ? 10.0 : a == Algorithm::kShm ? 12.0 : 25.0; });
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0);
     CHECK(line == "refined: 256 KiB: ring (10.0 us) over shm (12.0 us), direct (25.0 us)", line);
     CHECK(refiner.kept(kClose, Algorithm::kShm) == Algorithm::kRing, "rank ", r, ": ring not kept");
