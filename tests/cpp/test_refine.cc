@@ -329,6 +329,16 @@ void testSharedWindowsAreACandidate() {
     for (int i = 0; i < 100; ++i) {
       CHECK(refiner.choose(c, 1024, Algorithm::kShm) == Algorithm::kShm && !refiner.trying(1024), "a trial at 1 KiB");
     }
+    // The 4 KiB class: above 4096 B auto's flat choice is tried and ring
+    // kept; at 4096 B the one-round all-reduce stays, in kept() too.
+    int ops = 0;
+    do {
+      refiner.ran(refiner.choose(c, 5000, Algorithm::kDirect) == Algorithm::kRing ? 1.0 : 9.0);
+    } while (refiner.trying(5000) && ++ops < 2000);
+    CHECK(refiner.kept(5000, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, ": ring not kept at 5000 B");
+    CHECK(refiner.choose(c, 4096, Algorithm::kShm) == Algorithm::kShm, "rank ", r, ": 4096 B did not run shm");
+    CHECK(refiner.kept(4096, Algorithm::kShm) == Algorithm::kShm, "rank ", r, ": kept() says ",
+          name(refiner.kept(4096, Algorithm::kShm)), " at 4096 B");
   });
 }
 

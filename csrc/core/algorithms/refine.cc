@@ -204,7 +204,12 @@ Algorithm Refiner::kept(size_t bytes, Algorithm choice) const {
   if (bytes == 0 || !(isFlat(choice) || choice == Algorithm::kShm)) return choice;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = classes_.find(classOf(bytes));
-  return it != classes_.end() && it->second.kept >= 0 ? it->second.candidate[it->second.kept] : choice;
+  if (it == classes_.end() || it->second.kept < 0) return choice;
+  // A class answers for the kind of choice it was tried from: in the 4 KiB
+  // class over shared memory, auto takes the one-round all-reduce at 4096 B
+  // by rule, and refines a flat choice above it.
+  const Class& k = it->second;
+  return (choice == Algorithm::kShm) == (k.candidate[0] == Algorithm::kShm) ? k.candidate[k.kept] : choice;
 }
 
 bool Refiner::trying(size_t bytes) const {
