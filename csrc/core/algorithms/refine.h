@@ -124,7 +124,8 @@ class Refiner {
   Algorithm choose(const Collective& c, size_t bytes, Algorithm choice);
   // The time the op just chosen took on this rank.
   void ran(double us);
-  // What the class of `bytes` runs now, else `choice` (no ops run).
+  // What the class of `bytes` runs now, where it was tried from a choice
+  // of `choice`'s kind (shm or flat), else `choice` (no ops run).
   Algorithm kept(size_t bytes, Algorithm choice) const;
   // Whether the class of `bytes` is in the middle of a trial or its check.
   bool trying(size_t bytes) const;
@@ -162,7 +163,7 @@ class Refiner {
     int count = 0;                 // candidates; a trial needs two or more
     int block = 0;                 // B
     int rounds = 0;                // R
-    Algorithm candidate[kMax]{};   // the model's choice, then by prediction
+    Algorithm candidate[kMax]{};   // shm where auto took it, the model's choice, then by prediction
     int active[kMax]{};            // indices of those still in the trial
     int activeCount = 0;
     int round = 0;                 // of the trial
