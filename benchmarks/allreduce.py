@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -35,7 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, compare_to_gloo, parse_size, parse_sizes
+from bench_common import (MAX_ITERS, MIN_ITERS, agreed_max, compare_to_gloo, interleaved_medians, parse_size,
+                          parse_sizes, run_ops)
 
 
 # ----------------------------------------------------------------- loopback limits
@@ -177,18 +177,6 @@ def check(name, group, buf):
         sys.exit(1)
 
 
-def run_ops(group, buf, k):
-    """k back-to-back all_reduces; returns the k+1 timestamps around them
-    (for CUDA tensors, each op counts until its result is on the device)."""
-    sync = torch.cuda.synchronize if buf.is_cuda else (lambda: None)
-    ts = [time.perf_counter()]
-    for _ in range(k):
-        dist.all_reduce(buf, group=group)
-        sync()
-        ts.append(time.perf_counter())
-    return ts
-
-
 def settle(group, buf, device, cap=4000):
     """Runs ops until a collx auto group's online refinement (refine.h) has
     finished trying algorithms at this size, as a training loop's first
@@ -302,20 +290,7 @@ def auto_vs_best_of(prefix, rows, groups, args):
         rounds = int(min(200, max(args.rounds, args.time_per_point / (k * estimate))))
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=args.device)
         trial = settle(group_of[auto], buf, torch.device(args.device))
-        per_round = {g: [] for g in names}
-        for rnd in range(rounds):
-            # A new order each round, alike on every rank: the state one
-            # group leaves lasts into the next one's turn, and a rotation
-            # keeps every group behind the same one (n=3, 64 KiB: two ring
-            # groups, behind direct and behind tree, measured 151 and 167 us
-            # rotated, 138 and 139 us shuffled).
-            order = sorted(names)
-            random.Random(rnd).shuffle(order)
-            for g in order:
-                run_ops(group_of[g], buf, 1)  # re-warm after the other groups
-                ts = run_ops(group_of[g], buf, k)
-                per_round[g].append((ts[-1] - ts[0]) / k)
-        med = dict(zip(names, agreed_max(*[statistics.median(per_round[g]) for g in names])))
+        med = interleaved_medians({g: group_of[g] for g in sorted(names)}, buf, rounds, k)
         forced = [g for g in names if g != auto]
         best = min(forced, key=med.get)
         chose = f"{prefix}/{backend.choose_allreduce(size)}"

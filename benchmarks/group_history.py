@@ -17,15 +17,12 @@ four took 412-450 us. Run it to check for a regression:
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 import torchcollx
-from bench_common import agreed_max, parse_size
+from bench_common import interleaved_medians, parse_size
 
 
 def main():
@@ -50,19 +47,9 @@ def main():
         for _ in range(50):
             dist.all_reduce(buf, group=groups[n])
     for phase in range(2):
-        per = {n: [] for n in names}
-        for rnd in range(args.rounds):
-            order = list(names)
-            random.Random(rnd).shuffle(order)  # alike on every rank
-            for n in order:
-                dist.all_reduce(buf, group=groups[n])
-                t0 = time.perf_counter()
-                for _ in range(5):
-                    dist.all_reduce(buf, group=groups[n])
-                per[n].append((time.perf_counter() - t0) / 5)
-        med = agreed_max(*[statistics.median(per[n]) for n in names])
+        med = interleaved_medians(groups, buf, args.rounds, 5)
         if dist.get_rank() == 0:
-            print(f"phase {phase}: " + "  ".join(f"{n} {t * 1e6:.0f} us" for n, t in zip(names, med)), flush=True)
+            print(f"phase {phase}: " + "  ".join(f"{n} {t * 1e6:.0f} us" for n, t in med.items()), flush=True)
     dist.destroy_process_group()
 
 
