@@ -133,8 +133,12 @@ def loopback_two_streams_gbps(total=256 << 20, chunk=4 << 20, repeats=3):
 
 
 # ----------------------------------------------------------------- benchmark
+TWIN = "ring'"  # a second ring group: the interleaved measure's own noise
+
+
 def make_groups(args):
-    groups = []
+    """The table's groups, and the twins that only auto_vs_best times."""
+    groups, twins = [], []
     if "gloo" in args.backends:
         groups.append(("gloo", dist.new_group(backend="gloo")))
     if "collx" in args.backends:
@@ -150,7 +154,10 @@ def make_groups(args):
             for algo in args.algos:
                 opts = torchcollx.Options(algorithm=algo, transport=transport, **extra)
                 groups.append((f"{prefix}/{algo}", dist.new_group(backend="collx", pg_options=opts)))
-    return groups
+            if "auto" in args.algos and "ring" in args.algos and args.twin:
+                opts = torchcollx.Options(algorithm="ring", transport=transport, **extra)
+                twins.append((f"{prefix}/{TWIN}", dist.new_group(backend="collx", pg_options=opts)))
+    return groups, twins
 
 
 def collx_sets(groups):
@@ -241,19 +248,24 @@ def shm_vs_tcp(rows):
         print(f"#   {size:>10d}  " + "  ".join(f"{c:>6s}" for c in cells))
 
 
-def auto_vs_best(rows, groups, args):
+def auto_vs_best(rows, groups, twins, args):
     """Per size: what auto chose (the group's fitted model, COLLX_TUNING) and
     how its time compares with the fastest forced algorithm's. Timed apart
     from the table, interleaved: rounds that each run every collx group in
     turn for about a millisecond of ops (see k below), so that a
-    drift of the machine hits all alike, for --time-per-point per group and
+    drift of the machine hits all alike, for --rounds-time per group and
     at least --rounds rounds; a group's time is its median round (per-op
     mean, max over ranks). Fine turns matter: at n=4 on 2 cores, two groups
     running the same algorithm differed by up to 1.24x in 5 rounds of 60
-    ops, and by 1.03x in 60 rounds of 5.
+    ops, and by 1.03x in 60 rounds of 5. So does the time: at n=3 over TCP
+    an algorithm runs in modes of 50-200 ms (tree at 1 MiB: 0.9 to 1.6 ms an
+    op, 50 ops at a time), and in 17 rounds of 4 MiB star measured 1.41x
+    tree, where 100 rounds put them 0.94-1.03x apart.
     auto/best: the auto group over the best forced group. choice/best: the
     forced group of the algorithm auto chose over the best: the model's own
-    error, free of the auto group's separate setup.
+    error, free of the auto group's separate setup. twin: a second ring
+    group over the first, in the same rounds: how far apart this measure
+    puts two groups that run the same algorithm.
 
     This is auto's steady state, as in the table: the auto group settles
     its choice first (settle); 'trial' counts the ops that took here: 0
@@ -263,23 +275,24 @@ def auto_vs_best(rows, groups, args):
     trial pay for the other groups' turns: at 16 KiB on shared memory (n=3
     and 4), ring's or tree's blocks measured 2x star and were dropped."""
     for prefix in collx_sets(groups):
-        auto_vs_best_of(prefix, rows, groups, args)
+        auto_vs_best_of(prefix, rows, groups, twins, args)
 
 
-def auto_vs_best_of(prefix, rows, groups, args):
+def auto_vs_best_of(prefix, rows, groups, twins, args):
     names = [g for g, _ in groups if g.startswith(prefix + "/")]
-    auto = prefix + "/auto"
+    auto, twin = prefix + "/auto", prefix + "/" + TWIN
     if auto not in names or len(names) < 2:
         return
     rank = dist.get_rank()
-    group_of = dict(groups)
+    group_of = dict(groups + twins)
+    timed = names + [twin] if twin in group_of else names
     backend = group_of[auto]._get_backend(torch.device("cpu"))
     if rank == 0:
         print(f"# {prefix}: auto against the best forced algorithm, interleaved in rounds (at least {args.rounds}); "
               f"{backend.tuning}")
         print(f"#   {'size(B)':>10s}  {'auto ran':<8s} {'best':<8s} {'auto/best':>9s} {'choice/best':>11s} "
-              f"{'trial':>5s}")
-    worst = [0.0, 0.0]
+              f"{'trial':>5s} {'twin':>5s}")
+    worst, worst_apart = [0.0, 0.0], 1.0
     for size in sorted({r["bytes"] for r in rows}):
         estimate = max(r["p50_us"] for r in rows if r["bytes"] == size and r["name"] in names) / 1e6
         # A turn of ~1 ms of ops, but 4 ops where that stays under 20 ms: the
@@ -287,21 +300,24 @@ def auto_vs_best_of(prefix, rows, groups, args):
         # (a token bucket's burst under tc: one fast op in a turn of two made
         # equal algorithms look 1.7x apart).
         k = int(min(50, max(math.ceil(1e-3 / estimate), min(4, math.ceil(20e-3 / estimate)))))
-        rounds = int(min(200, max(args.rounds, args.time_per_point / (k * estimate))))
+        rounds = int(min(400, max(args.rounds, args.rounds_time / (k * estimate))))
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=args.device)
         trial = settle(group_of[auto], buf, torch.device(args.device))
-        med = interleaved_medians({g: group_of[g] for g in sorted(names)}, buf, rounds, k)
+        med = interleaved_medians({g: group_of[g] for g in sorted(timed)}, buf, rounds, k)
         forced = [g for g in names if g != auto]
         best = min(forced, key=med.get)
         chose = f"{prefix}/{backend.choose_allreduce(size)}"
         ratios = [med[auto] / med[best], med.get(chose, med[auto]) / med[best]]
         worst = [max(w, r) for w, r in zip(worst, ratios)]
+        apart = max(med[twin] / med[prefix + "/ring"], med[prefix + "/ring"] / med[twin]) if twin in med else None
+        worst_apart = max(worst_apart, apart or 1.0)
         if rank == 0:
             cut = len(prefix) + 1
             print(f"#   {size:>10d}  {chose[cut:]:<8s} {best[cut:]:<8s} {ratios[0]:>9.2f} {ratios[1]:>11.2f} "
-                  f"{trial:>5d}", flush=True)
+                  f"{trial:>5d} {f'{apart:.2f}' if apart else '-':>5s}", flush=True)
     if rank == 0:
-        print(f"# worst over sizes: auto/best {worst[0]:.2f}, choice/best {worst[1]:.2f}", flush=True)
+        print(f"# worst over sizes: auto/best {worst[0]:.2f}, choice/best {worst[1]:.2f}"
+              + (f"; the twin ring groups {worst_apart:.2f}x apart" if twin in group_of else ""), flush=True)
         print(f"# the auto group after the rounds: {backend.tuning}", flush=True)
 
 
@@ -363,6 +379,10 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=9,
                    help="fewest interleaved rounds of auto against the forced algorithms")
+    p.add_argument("--rounds-time", type=float, default=1.0,
+                   help="seconds per group in those rounds (at most 400 rounds)")
+    p.add_argument("--no-twin", dest="twin", action="store_false",
+                   help="leave out the second ring group that shows the rounds' own noise")
     p.add_argument("--tree-arity", type=int, help="passed to torchcollx.Options")
     p.add_argument("--segment-bytes", type=parse_size, help="passed to torchcollx.Options")
     p.add_argument("--loopback-mb", type=int, default=256, help="MB per direction")
@@ -391,7 +411,7 @@ def main():
         limit = loopback_two_streams_gbps(total=args.loopback_mb << 20)
         copy_gbps = memcpy_gbps()
     dist.barrier()
-    groups = make_groups(args)
+    groups, twins = make_groups(args)
     floor = one_rank_floor_us(args) if "collx" in args.backends else None
 
     if rank == 0:
@@ -423,7 +443,7 @@ def main():
             if rank == 0:
                 print(fmt_row(r), flush=True)
 
-    auto_vs_best(rows, groups, args)
+    auto_vs_best(rows, groups, twins, args)
     if rank == 0:
         shm_vs_tcp(rows)
     if rank == 0:

@@ -5,8 +5,8 @@
 // keep up its trial's pace gives way to the next best; classes the model
 // finds clear-cut run no trial; a settled choice is re-tried after
 // kRecheckOps; algorithms far off but cheap to try are tried; a class of
-// slow ops runs shorter blocks, one of cheap ops more rounds, judged by
-// each candidate's lower median block; the shared-memory windows are a
+// slow ops runs shorter blocks and fewer rounds, one of ops under ~1 ms the
+// most rounds, judged by each candidate's lower median block; the shared-memory windows are a
 // candidate where auto takes them; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
@@ -49,7 +49,7 @@ Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uint64_t s
 }
 
 // The ops of a trial among `candidates` in `rounds` blocks of `block`.
-int trialOps(int candidates, int block, int rounds = Refiner::kMinRounds) { return candidates * rounds * block; }
+int trialOps(int candidates, int block, int rounds) { return candidates * rounds * block; }
 
 // The candidate of trial op i between direct (the model's choice) and ring.
 Algorithm trialAlgorithm(int i, int block) { return i / block % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing; }
@@ -73,13 +73,12 @@ int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expe
   return ops;
 }
 
-// Runs a trial of two rounds that the model's `choice` starts, checking
-// that its ops take `order` in turn in blocks of `block`, each op taking
-// us(algorithm).
+// Runs the trial that the model's `choice` starts, checking that its ops
+// take `order` in turn in blocks of `block`, each op taking us(algorithm).
 void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
                     const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us) {
   const int candidates = int(order.size());
-  for (int i = 0; i < trialOps(candidates, block); ++i) {
+  for (int i = 0; i < trialOps(candidates, block, roundsAt(c.costs(), bytes)); ++i) {
     const Algorithm a = refiner.choose(c, bytes, choice);
     CHECK(a == order[size_t(i / block % candidates)], "trial op ", i, ": ", name(a));
     refiner.ran(us(a));
@@ -103,9 +102,9 @@ struct Ranked {
 // out, and so is a block with slow runs (direct's first, ring's first).
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
-  const int block = blockAt(t, kClose), skip = Refiner::skipped(block);
-  CHECK(block == Refiner::kMaxBlock && roundsAt(t, kClose) == Refiner::kMinRounds, "blocks of ", block, ", ",
-        roundsAt(t, kClose), " rounds at 256 KiB");
+  const int block = blockAt(t, kClose), skip = Refiner::skipped(block), rounds = roundsAt(t, kClose);
+  CHECK(block == Refiner::kMaxBlock && rounds == Refiner::kMaxRounds, "blocks of ", block, ", ", rounds,
+        " rounds at 256 KiB");
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Workspace ws;
@@ -115,7 +114,7 @@ void testAgreementOverrulesOneClock() {
     refiner.onKept = [&](const std::string& s) { line = s; };
     refiner.onStale = [&](const std::string& s) { stale = s, ++staleCalls; };
     const Collective c = collective(*g.devices[r], t, ws);
-    for (int i = 0; i < trialOps(2, block); ++i) {
+    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       const bool direct = a == Algorithm::kDirect;
@@ -142,7 +141,7 @@ void testAgreementOverrulesOneClock() {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
       refiner.ran(1.0);
     }
-    for (int i = 0; i < trialOps(2, block); ++i) {
+    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "a new trial, op ", i);
       refiner.ran(r == 0 ? 10.0 : 30.0);
     }
@@ -229,13 +228,13 @@ void testThreeCandidates() {
 // which was checked already: it settles on direct after two checks.
 void testKeptChoiceMustKeepItsPace() {
   const Tuning t = closeModel();
-  const int block = blockAt(t, kClose);
+  const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     for (double ringHeld : {15.0, 150.0}) {
       Ranked k(*g.devices[r], t);
       auto& [ws, refiner, line, c] = k;
-      for (int i = 0; i < trialOps(2, block); ++i) {
+      for (int i = 0; i < trialOps(2, block, rounds); ++i) {
         CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
         refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 15.0);
       }
@@ -263,17 +262,17 @@ void testKeptChoiceMustKeepItsPace() {
 // that block's typical op is 11 us.
 void testVaryingOpsPayForTheirSlowOnes() {
   const Tuning t = closeModel();
-  const int block = blockAt(t, kClose), skip = Refiner::skipped(block);
+  const int block = blockAt(t, kClose), skip = Refiner::skipped(block), rounds = roundsAt(t, kClose);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
-    for (int i = 0; i < trialOps(2, block); ++i) {
+    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       refiner.ran(a == Algorithm::kDirect ? (i % 2 ? 18.0 : 4.0) : i == block + skip ? 5000.0 : 10.0);
       if (i == 2 * block - 1) {
-        CHECK(refiner.describe() == "refining: 256 KiB: 32 of 64 ops", refiner.describe());
+        CHECK(refiner.describe() == "refining: 256 KiB: 32 of 256 ops", refiner.describe());
       }
     }
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0);
@@ -281,15 +280,16 @@ void testVaryingOpsPayForTheirSlowOnes() {
   });
 }
 
-// A class of cheap ops runs more rounds, and each candidate counts its
-// lower median block: direct's first two blocks fall in a slow spell of
-// the machine (120 us an op), its other six take 50; ring steadily takes
-// 55. Direct is kept, where two rounds (the lowest of two) kept ring.
+// A class of ops under ~1 ms runs the most rounds, and each candidate
+// counts its lower median block: direct's first two blocks fall in a slow
+// spell of the machine (120 us an op), its other six take 50; ring
+// steadily takes 55. Direct is kept, where two rounds (the lowest of two)
+// kept ring.
 void testCheapClassesTryInMoreRounds() {
-  CHECK(Refiner::roundsFor(16 * 10.0) == 8 && Refiner::roundsFor(16 * 40.0) == 7 &&
-            Refiner::roundsFor(16 * 400.0) == 2 && Refiner::roundsFor(0) == 8,
-        "roundsFor: ", Refiner::roundsFor(16 * 10.0), ", ", Refiner::roundsFor(16 * 40.0), ", ",
-        Refiner::roundsFor(16 * 400.0));
+  CHECK(Refiner::roundsFor(16 * 10.0) == 8 && Refiner::roundsFor(16 * 1000.0) == 8 &&
+            Refiner::roundsFor(8 * 4000.0) == 4 && Refiner::roundsFor(4 * 20000.0) == 2 && Refiner::roundsFor(0) == 8,
+        "roundsFor: ", Refiner::roundsFor(16 * 10.0), ", ", Refiner::roundsFor(16 * 1000.0), ", ",
+        Refiner::roundsFor(8 * 4000.0), ", ", Refiner::roundsFor(4 * 20000.0));
   constexpr size_t kCheap = 8 << 10;
   const Tuning t = closeModel(kCheap);
   const int block = blockAt(t, kCheap), rounds = roundsAt(t, kCheap);

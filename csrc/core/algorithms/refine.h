@@ -24,13 +24,19 @@
 //                            or 8 and 4 where the model's choice takes over
 //                            1 and 4 ms, so that a 16 MiB class at n=4
 //                            tries in ~30 ops, not 130 of ~30 ms. R
-//                            (roundsFor) is 2, or up to 8 where R blocks
-//                            of the model's choice take under kRoundUs: with
-//                            more ranks than cores, a machine runs in slow
+//                            (roundsFor) is as many as take kRoundUs of
+//                            the model's choice, from 2 to 8: with more
+//                            ranks than cores, a machine runs in slow
 //                            spells of ~10 ms (n=3, 16 KiB on shared
 //                            memory: the same algorithm took 53 and 102 us
-//                            an op over 160 ops), and in two rounds direct
-//                            measured 113 us where it ran 50, 0.9x star
+//                            an op over 160 ops; in two rounds direct
+//                            measured 113 us where it ran 50, 0.9x star),
+//                            and an algorithm in modes of 50-200 ms (n=3
+//                            over TCP, 1 MiB: tree 0.9-1.6 ms an op, 50 ops
+//                            at a time; two rounds kept tree in 2 of 4 runs,
+//                            where ring ran 1.1-1.4x faster, eight kept
+//                            ring): 8 rounds below ~1 ms an op, 2 at ~20
+//                            ms and more
 //   after each round         per candidate, each rank takes the typical op
 //                            time of each of its blocks so far (Block: the
 //                            mean, with a preemption capped), and their
@@ -108,7 +114,7 @@ class Refiner {
  public:
   static constexpr int kMinRounds = 2;            // trial rounds (blocks per candidate), R
   static constexpr int kMaxRounds = 8;            // R, at most, for cheap blocks
-  static constexpr double kRoundUs = 5000;        // R blocks of the model's choice take about this
+  static constexpr double kRoundUs = 150000;      // R blocks of the model's choice take about this
   static constexpr int kMaxBlock = 16;            // B, at most
   static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its trial's predicted cost over the best's
