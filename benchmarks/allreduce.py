@@ -184,7 +184,7 @@ def check(name, group, buf):
         sys.exit(1)
 
 
-def settle(group, buf, device, cap=4000):
+def settle(group, buf, device, cap=20000):
     """Runs ops until a collx auto group's online refinement (refine.h) has
     finished trying algorithms at this size, as a training loop's first
     steps would; returns how many ops that took (0 for other groups). Every

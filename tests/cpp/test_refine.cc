@@ -5,8 +5,8 @@
 // keep up its trial's pace gives way to the next best; classes the model
 // finds clear-cut run no trial; a settled choice is re-tried after
 // kRecheckOps; algorithms far off but cheap to try are tried; a class of
-// slow ops runs shorter blocks and fewer rounds, one of ops under ~1 ms the
-// most rounds, judged by each candidate's lower median block; the shared-memory windows are a
+// slow ops runs shorter blocks and fewer rounds, one of cheap ops the most
+// rounds, judged by each candidate's lower median block; the shared-memory windows are a
 // candidate where auto takes them; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
@@ -103,7 +103,7 @@ struct Ranked {
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose), skip = Refiner::skipped(block), rounds = roundsAt(t, kClose);
-  CHECK(block == Refiner::kMaxBlock && rounds == Refiner::kMaxRounds, "blocks of ", block, ", ", rounds,
+  CHECK(block == Refiner::kMaxBlock && rounds > Refiner::kMinRounds, "blocks of ", block, ", ", rounds,
         " rounds at 256 KiB");
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
@@ -272,7 +272,7 @@ void testVaryingOpsPayForTheirSlowOnes() {
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       refiner.ran(a == Algorithm::kDirect ? (i % 2 ? 18.0 : 4.0) : i == block + skip ? 5000.0 : 10.0);
       if (i == 2 * block - 1) {
-        CHECK(refiner.describe() == "refining: 256 KiB: 32 of 256 ops", refiner.describe());
+        CHECK(refiner.describe() == "refining: 256 KiB: 32 of 1056 ops", refiner.describe());
       }
     }
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0);
@@ -280,14 +280,14 @@ void testVaryingOpsPayForTheirSlowOnes() {
   });
 }
 
-// A class of ops under ~1 ms runs the most rounds, and each candidate
+// A class of ops of tens of us runs the most rounds, and each candidate
 // counts its lower median block: direct's first two blocks fall in a slow
-// spell of the machine (120 us an op), its other six take 50; ring
+// spell of the machine (120 us an op), its others take 50; ring
 // steadily takes 55. Direct is kept, where two rounds (the lowest of two)
 // kept ring.
 void testCheapClassesTryInMoreRounds() {
-  CHECK(Refiner::roundsFor(16 * 10.0) == 8 && Refiner::roundsFor(16 * 1000.0) == 8 &&
-            Refiner::roundsFor(8 * 4000.0) == 4 && Refiner::roundsFor(4 * 20000.0) == 2 && Refiner::roundsFor(0) == 8,
+  CHECK(Refiner::roundsFor(16 * 10.0) == 64 && Refiner::roundsFor(16 * 1000.0) == 9 &&
+            Refiner::roundsFor(8 * 4000.0) == 4 && Refiner::roundsFor(4 * 20000.0) == 2 && Refiner::roundsFor(0) == 64,
         "roundsFor: ", Refiner::roundsFor(16 * 10.0), ", ", Refiner::roundsFor(16 * 1000.0), ", ",
         Refiner::roundsFor(8 * 4000.0), ", ", Refiner::roundsFor(4 * 20000.0));
   constexpr size_t kCheap = 8 << 10;
@@ -334,7 +334,7 @@ void testSharedWindowsAreACandidate() {
     int ops = 0;
     do {
       refiner.ran(refiner.choose(c, 5000, Algorithm::kDirect) == Algorithm::kRing ? 1.0 : 9.0);
-    } while (refiner.trying(5000) && ++ops < 2000);
+    } while (refiner.trying(5000) && ++ops < 20000);
     CHECK(refiner.kept(5000, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, ": ring not kept at 5000 B");
     CHECK(refiner.choose(c, 4096, Algorithm::kShm) == Algorithm::kShm, "rank ", r, ": 4096 B did not run shm");
     CHECK(refiner.kept(4096, Algorithm::kShm) == Algorithm::kShm, "rank ", r, ": kept() says ",

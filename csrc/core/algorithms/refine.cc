@@ -84,7 +84,7 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
   std::vector<std::pair<double, Algorithm>> close;
   for (Algorithm a : kFlatAlgorithms) {
     const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
-    const bool cheap = (us - best) * k.rounds * k.block <= kCheapUs;
+    const bool cheap = (us - best) * kMinRounds * k.block <= kCheapUs;
     if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
   }
   std::sort(close.begin(), close.end());

@@ -8,9 +8,9 @@
 // algorithm up to 2.2x off, and a latency fitted at 0 at n=4. So, per size
 // class (the power of two at or below an op's bytes), the first op of the
 // class picks the candidates: the model's choice, then every flat algorithm
-// predicted within kCloseRatio of it or whose trial costs little (at most
-// kCheapUs more than the choice's over its RB ops, which at tens of us per op
-// tries every algorithm), m of them:
+// predicted within kCloseRatio of it or whose first two blocks cost little
+// (at most kCheapUs more than the choice's over 2B ops, which at tens of us
+// per op tries every algorithm), m of them:
 //
 //   trial, in R rounds       each round runs the candidates still in, in
 //                            turn, a block of B ops each; each rank keeps
@@ -35,8 +35,12 @@
 //                            over TCP, 1 MiB: tree 0.9-1.6 ms an op, 50 ops
 //                            at a time; two rounds kept tree in 2 of 4 runs,
 //                            where ring ran 1.1-1.4x faster, eight kept
-//                            ring): 8 rounds below ~1 ms an op, 2 at ~20
-//                            ms and more
+//                            ring). At n=4 on shared memory, 16 KiB, eight
+//                            rounds (6 ms a candidate) kept ring at 49 us
+//                            an op, which ran at 98 alone, 1.36x tree: a
+//                            trial spans the spells and modes only where it
+//                            runs long enough. So R is 64 up to ~150 us an
+//                            op, 9 at 1 ms, 2 from ~20 ms
 //   after each round         per candidate, each rank takes the typical op
 //                            time of each of its blocks so far (Block: the
 //                            mean, with a preemption capped), and their
@@ -113,11 +117,11 @@ namespace collx {
 class Refiner {
  public:
   static constexpr int kMinRounds = 2;            // trial rounds (blocks per candidate), R
-  static constexpr int kMaxRounds = 8;            // R, at most, for cheap blocks
+  static constexpr int kMaxRounds = 64;           // R, at most, for cheap blocks
   static constexpr double kRoundUs = 150000;      // R blocks of the model's choice take about this
   static constexpr int kMaxBlock = 16;            // B, at most
   static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
-  static constexpr double kCheapUs = 8000;        // or its trial's predicted cost over the best's
+  static constexpr double kCheapUs = 8000;        // or its first two blocks' predicted cost over the best's
   static constexpr double kDropRatio = 2.0;       // a candidate's agreed time / the fastest's that may drop it
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
