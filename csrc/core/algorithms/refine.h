@@ -5,7 +5,9 @@
 // calibrated sizes, timed in a few rounds. Near a crossover, where it
 // predicts flat algorithms close, the line can be off enough to pick a
 // slower one; on a machine with more ranks than cores it measured one
-// algorithm up to 2.2x off, and a latency fitted at 0 at n=4. So, per size
+// algorithm up to 2.2x off, and a latency fitted at 0 at n=4; calibrated in
+// a slow spell (n=4 over TCP), it put ring at 64 KiB 2.9x star, where ring
+// ran 0.54x star, and within 2.5x ring was not even tried. So, per size
 // class (the power of two at or below an op's bytes), the first op of the
 // class picks the candidates: the model's choice, then every flat algorithm
 // predicted within kCloseRatio of it or whose first two blocks cost little
@@ -25,7 +27,7 @@
 //                            1 and 4 ms, so that a 16 MiB class at n=4
 //                            tries in ~30 ops, not 130 of ~30 ms. R
 //                            (roundsFor) is as many as take kRoundUs of
-//                            the model's choice, from 2 to 8: with more
+//                            the model's choice, from 2 to 64: with more
 //                            ranks than cores, a machine runs in slow
 //                            spells of ~10 ms (n=3, 16 KiB on shared
 //                            memory: the same algorithm took 53 and 102 us
@@ -120,7 +122,7 @@ class Refiner {
   static constexpr int kMaxRounds = 64;           // R, at most, for cheap blocks
   static constexpr double kRoundUs = 150000;      // R blocks of the model's choice take about this
   static constexpr int kMaxBlock = 16;            // B, at most
-  static constexpr double kCloseRatio = 2.5;      // a candidate's predicted time / the best's
+  static constexpr double kCloseRatio = 4.0;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its first two blocks' predicted cost over the best's
   static constexpr double kDropRatio = 2.0;       // a candidate's agreed time / the fastest's that may drop it
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
