@@ -21,6 +21,12 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A peer's abort frame: it failed first, and says why.
+class PeerAbortedError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 // Numbers go through std::to_string, not an ostream: an ostream's numeric
 // insertion instantiated inside the extension crashed on a toolchain whose

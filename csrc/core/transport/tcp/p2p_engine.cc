@@ -315,7 +315,7 @@ void P2PEngine::onPayload(int peer, Incoming& in) {
       }
       break;
     case OpKind::kAbort:
-      throw Error(str("collx rank ", rank_, ": peer ", peer, " failed and aborted the group: ", in.reason));
+      throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer, " failed and aborted the group: ", in.reason));
     default:
       break;
   }

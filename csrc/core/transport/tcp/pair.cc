@@ -187,7 +187,7 @@ void Pair::throwAbort(const FrameHeader& h) {
     if (fill(n)) why.assign(rx_.data() + rxBegin_, n);
   } catch (const Error&) {
   }
-  throw Error(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ", why));
+  throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ", why));
 }
 
 void Pair::throwSalvagedAbort() {
@@ -207,7 +207,7 @@ void Pair::throwSalvagedAbort() {
     FrameHeader h;
     memcpy(&h, tail.data() + pos, hs);
     if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && pos + hs + h.bytes == end) {
-      throw Error(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ",
+      throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ",
                       std::string(tail.data() + pos + hs, h.bytes)));
     }
   }

@@ -106,7 +106,19 @@ void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes)
     const ssize_t got = ::process_vm_readv(pids_.at(size_t(r)), &local, 1, &remote, 1, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      const std::string why = got == 0 ? "nothing read" : errno == ESRCH ? "its process has exited" : strerror(errno);
+      const int err = got == 0 ? 0 : errno;
+      // A peer that failed first sent its abort frame before it exited: the
+      // frame names the cause (at n=3, rank 2 saw rank 1 die, aborted and
+      // left while rank 0 was still reading rank 2's window).
+      if (err == ESRCH) {
+        try {
+          device_.pairs_.at(size_t(r))->checkControl(UINT64_MAX, false);
+        } catch (const PeerAbortedError& e) {
+          device_.breakWith(e, false);
+        } catch (const Error&) {
+        }
+      }
+      const std::string why = err == 0 ? "nothing read" : err == ESRCH ? "its process has exited" : strerror(err);
       device_.breakWith(Error(str("collx rank ", device_.rank_, ": could not read peer ", r, "'s memory (pid ",
                                   pids_.at(size_t(r)), "): ", why)),
                         false);
