@@ -208,7 +208,7 @@ void Pair::throwSalvagedAbort() {
     memcpy(&h, tail.data() + pos, hs);
     if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && pos + hs + h.bytes == end) {
       throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ",
-                      std::string(tail.data() + pos + hs, h.bytes)));
+                                 std::string(tail.data() + pos + hs, h.bytes)));
     }
   }
 }
