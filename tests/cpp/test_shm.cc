@@ -1,7 +1,8 @@
 // The shared-memory path: the ring alone (wrap-around, concurrent copies in
 // odd sizes, the sleep handshake), a group's setup and its note, a peer that
-// goes away mid-op, a pair that cannot link, errors of attaching, and no
-// descriptor or mapping leaked over many groups. The collectives in the
+// goes away mid-op, an abort that cannot enter the stream, a pair that cannot
+// link, errors of attaching, and no descriptor or mapping leaked over many
+// groups. The collectives in the
 // shared windows: test_shm_windows.cc.
 #include <dirent.h>
 #include <unistd.h>
@@ -151,6 +152,35 @@ void testAbortWhileSenderBlocked() {
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the abort was seen only at the deadline");
 }
 
+// Rank 0 times out with half of a 4 MiB message in the 1 MiB ring while
+// rank 1 is not reading: the rest cannot go in within the abort's grace, so
+// no abort frame can follow it. Rank 1 must still fail with rank 0's reason,
+// read from the note beside the ring, not just "closed by the peer".
+void testAbortNoteBehindHalfMessage() {
+  Group g(2, over(shm::Mode::kShm));
+  std::string error;
+  test::runRanks(2, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    std::vector<char> buf(4 << 20);
+    const Frame frame{OpKind::kAllToAll, DataType::kUInt8, 7, 0};
+    try {
+      if (r == 0) {
+        d.postSend(1, frame, buf.data(), buf.size(), 1);
+        waitAll(d, Clock::now() + std::chrono::milliseconds(100));
+      } else {
+        d.postRecv(0, frame, buf.data(), buf.size(), 1);
+        std::this_thread::sleep_for(std::chrono::seconds(1));  // past rank 0's timeout and grace
+        waitAll(d, Clock::now() + std::chrono::seconds(20));
+      }
+    } catch (const Error& e) {
+      if (r == 1) error = e.what();
+    }
+  });
+  CHECK(error.find("peer 0 failed and aborted the group") != std::string::npos &&
+            error.find("Timed out") != std::string::npos,
+        "got: ", error);
+}
+
 // A Store as one rank sees it, where a peer's segment address reads as a
 // failure to create it: the pair of that rank and peer cannot link.
 class HidingStore : public Store {
@@ -258,6 +288,7 @@ int main() {
   testSetupNotes();
   testPeerGoneMidOp();
   testAbortWhileSenderBlocked();
+  testAbortNoteBehindHalfMessage();
   testOnePairUnlinked();
   testAttachErrors();
   testNoLeaks();

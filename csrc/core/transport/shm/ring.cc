@@ -75,4 +75,15 @@ bool Ring::sleepAsWriter() {
   return false;
 }
 
+void Ring::leaveNote(const std::string& why) {
+  const size_t n = std::min(why.size(), sizeof(c_->note));
+  std::memcpy(c_->note, why.data(), n);
+  c_->noteBytes.store(uint32_t(n), std::memory_order_release);
+}
+
+std::string Ring::note() const {
+  const size_t n = c_->noteBytes.load(std::memory_order_acquire);
+  return std::string(c_->note, std::min(n, sizeof(c_->note)));
+}
+
 }  // namespace collx::shm

@@ -15,6 +15,11 @@
 // was set, rings the doorbell: one byte on that socket. The flag store and
 // the counter load are sequentially consistent on both sides, so either the
 // sleeper sees the new bytes or the publisher sees the flag.
+//
+// Abort note: a writer that aborts may be unable to put its abort frame in
+// the stream (the ring is full, or half a message is in it and the reader
+// is busy elsewhere). It leaves the reason beside the ring instead, before
+// it closes its socket; a reader that finds the socket closed reads it there.
 #pragma once
 
 #include <sys/uio.h>
@@ -22,6 +27,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace collx::shm {
 
@@ -34,8 +40,10 @@ struct alignas(64) RingControl {
   char pad2[60];
   std::atomic<uint32_t> writerAsleep;
   char pad3[60];
+  std::atomic<uint32_t> noteBytes;  // 0: no note (writer, once)
+  char note[2044];
 };
-static_assert(sizeof(RingControl) == 256, "ring control is four cache lines");
+static_assert(sizeof(RingControl) <= 4096, "ring control fits its page");
 
 class Ring {
  public:
@@ -61,6 +69,12 @@ class Ring {
   bool sleepAsWriter();
   void wakeReader() { c_->readerAsleep.store(0, std::memory_order_relaxed); }
   void wakeWriter() { c_->writerAsleep.store(0, std::memory_order_relaxed); }
+
+  // Writer: leaves `why` (cut to the note's size) as the abort note; an
+  // empty one is no note.
+  void leaveNote(const std::string& why);
+  // Reader: the writer's abort note, or "".
+  std::string note() const;
 
  private:
   RingControl* c_ = nullptr;

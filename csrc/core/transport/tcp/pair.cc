@@ -48,6 +48,11 @@ void Pair::postRecv(const Frame& f, void* data, size_t bytes, uint64_t cookie) {
   recvs_.push_back(RecvOp{f, static_cast<char*>(data), bytes, 0, false, cookie});
 }
 
+void Pair::failClosed() const {
+  throwIfAbortNoted();
+  fail("was closed by the peer (peer process exited or destroyed its group)", 0);
+}
+
 void Pair::fail(const std::string& what, int err) const {
   throw Error(str("collx rank ", rank_, ": connection to peer ", peer_, " ", what,
                   err ? str(": ", strerror(err)) : std::string()));
@@ -108,8 +113,9 @@ bool Pair::fill(size_t want, bool endIsError) {
     if (rc > 0) {
       rxEnd_ += size_t(rc);
     } else if (rc == 0) {
-      if (!endIsError) return false;
-      fail("was closed by the peer (peer process exited or destroyed its group)", 0);
+      if (endIsError) failClosed();
+      throwIfAbortNoted();
+      return false;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return false;
     } else if (errno != EINTR) {
@@ -152,8 +158,10 @@ bool Pair::finishPartialSend(Deadline deadline) {
 
 void Pair::sendAbort(const std::string& reason, Deadline deadline) {
   if (!stream_.valid()) return;
+  const std::string why = reason.substr(0, kMaxReasonBytes);
+  // Rings: the note is read even if the frame below cannot be sent.
+  stream_.leaveAbortNote(why);
   if (!sends_.empty() && sends_.front().done > 0 && !finishPartialSend(deadline)) return;
-  std::string why = reason.substr(0, kMaxReasonBytes);
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.kind = uint8_t(OpKind::kAbort);
@@ -187,6 +195,15 @@ void Pair::throwAbort(const FrameHeader& h) {
     if (fill(n)) why.assign(rx_.data() + rxBegin_, n);
   } catch (const Error&) {
   }
+  throwPeerAborted(why);
+}
+
+void Pair::throwIfAbortNoted() const {
+  const std::string why = stream_.peerAbortNote();
+  if (!why.empty()) throwPeerAborted(why);
+}
+
+void Pair::throwPeerAborted(const std::string& why) const {
   throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ", why));
 }
 
@@ -207,8 +224,7 @@ void Pair::throwSalvagedAbort() {
     FrameHeader h;
     memcpy(&h, tail.data() + pos, hs);
     if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && pos + hs + h.bytes == end) {
-      throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ",
-                                 std::string(tail.data() + pos + hs, h.bytes)));
+      throwPeerAborted(std::string(tail.data() + pos + hs, h.bytes));
     }
   }
 }
@@ -278,7 +294,7 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
         op.got += size_t(rc);
         bytesReceived_ += size_t(rc);
       } else if (rc == 0) {
-        fail("was closed by the peer (peer process exited or destroyed its group)", 0);
+        failClosed();
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         return;
       } else if (errno != EINTR) {

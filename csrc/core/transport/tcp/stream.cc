@@ -47,6 +47,12 @@ ssize_t Stream::recvSome(void* data, size_t bytes) {
 
 size_t Stream::writableNow() const { return rings_ ? rings_->out.writable() : SIZE_MAX; }
 
+void Stream::leaveAbortNote(const std::string& why) {
+  if (rings_) rings_->out.leaveNote(why);
+}
+
+std::string Stream::peerAbortNote() const { return rings_ ? rings_->in.note() : std::string(); }
+
 bool Stream::prepareSleep(bool read, bool write) {
   if (read && !rings_->in.sleepAsReader()) return false;
   if (write && !rings_->out.sleepAsWriter()) {

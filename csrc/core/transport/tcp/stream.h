@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 
 #include <memory>
+#include <string>
 
 #include "../shm/links.h"
 #include "socket.h"
@@ -31,6 +32,11 @@ class Stream {
   ssize_t sendv(const iovec* iov, int n);
   ssize_t recvSome(void* data, size_t bytes);
   size_t writableNow() const;  // rings: free bytes; sockets: unknown, SIZE_MAX
+
+  // Rings only (sockets: nothing, ""): an abort reason that does not wait for
+  // space in the stream (shm/ring.h), and the peer's.
+  void leaveAbortNote(const std::string& why);
+  std::string peerAbortNote() const;
 
   // Rings only. Before sleeping in poll() on fd() for POLLIN: asks the peer
   // to ring when it moves, for `read` (bytes arriving) and `write` (space

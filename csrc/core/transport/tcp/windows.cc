@@ -107,16 +107,15 @@ void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes)
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       const int err = got == 0 ? 0 : errno;
-      // A peer that failed first sent its abort frame before it exited: the
-      // frame names the cause (at n=3, rank 2 saw rank 1 die, aborted and
-      // left while rank 0 was still reading rank 2's window).
-      if (err == ESRCH) {
-        try {
-          device_.pairs_.at(size_t(r))->checkControl(UINT64_MAX, false);
-        } catch (const PeerAbortedError& e) {
-          device_.breakWith(e, false);
-        } catch (const Error&) {
-        }
+      // A peer that failed first sent its abort frame before it exited or
+      // freed its tensors: the frame names the cause (rank 2 saw rank 1 die,
+      // aborted, and left (ESRCH) or freed the window (EFAULT) while rank 0
+      // was still reading it).
+      try {
+        device_.pairs_.at(size_t(r))->checkControl(UINT64_MAX, false);
+      } catch (const PeerAbortedError& e) {
+        device_.breakWith(e, false);
+      } catch (const Error&) {
       }
       const std::string why = err == 0 ? "nothing read" : err == ESRCH ? "its process has exited" : strerror(err);
       device_.breakWith(Error(str("collx rank ", device_.rank_, ": could not read peer ", r, "'s memory (pid ",
