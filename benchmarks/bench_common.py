@@ -44,20 +44,27 @@ def compare_to_gloo(row, gloo_row, is_gloo):
     return gloo_row
 
 
-def run_ops(group, buf, k):
+def run_ops(group, buf, k, algorithm=None):
     """k back-to-back all_reduces; returns the k+1 timestamps around them
-    (for CUDA tensors, each op counts until its result is on the device)."""
+    (for CUDA tensors, each op counts until its result is on the device).
+    With `algorithm`, on a collx group: each op runs that algorithm
+    (allreduce_with; "auto" is the group's own choice, refined as usual)."""
     sync = torch.cuda.synchronize if buf.is_cuda else (lambda: None)
+    if algorithm is None:
+        op = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+    else:
+        backend = group._get_backend(buf.device)
+        op = lambda: backend.allreduce_with(buf, algorithm, blocking=True)  # noqa: E731
     ts = [time.perf_counter()]
     for _ in range(k):
-        dist.all_reduce(buf, group=group)
+        op()
         sync()
         ts.append(time.perf_counter())
     return ts
 
 
 def interleaved_medians(groups, buf, rounds, k):
-    """groups: {name: group}. In each of `rounds` rounds every group takes a
+    """groups: {name: group, or (group, algorithm) for run_ops}. In each of `rounds` rounds every group takes a
     turn: one untimed all-reduce of buf (a re-warm after the other groups),
     then k timed. The turns run in a new order each round, alike on every
     rank: the state one group leaves lasts into the next one's turn, and a
@@ -71,7 +78,8 @@ def interleaved_medians(groups, buf, rounds, k):
         order = list(names)
         random.Random(rnd).shuffle(order)
         for n in order:
-            run_ops(groups[n], buf, 1)
-            ts = run_ops(groups[n], buf, k)
+            group, algorithm = groups[n] if isinstance(groups[n], tuple) else (groups[n], None)
+            run_ops(group, buf, 1, algorithm)
+            ts = run_ops(group, buf, k, algorithm)
             per_round[n].append((ts[-1] - ts[0]) / k)
     return dict(zip(names, agreed_max(*[statistics.median(per_round[n]) for n in names])))

@@ -1,7 +1,9 @@
-"""Does a group's past slow its later ops? Four collx groups forced to the same
-algorithm; two of them first run a few large all-reduces. Then all four run
-all-reduces of --size in shuffled interleaved rounds, and the script prints
-each group's median time per op.
+"""Does a group's past slow its later ops? How far does one group's time wander?
+
+History (the default): four collx groups forced to the same algorithm; two of
+them first run a few large all-reduces. Then all four run all-reduces of
+--size in shuffled interleaved rounds, and the script prints each group's
+median time per op.
 
 Measured on the 2-core machine, n=2 over TCP, ring, 1 MiB: the two groups that
 had run five 64 MiB all-reduces took 1.3x the others' time (511-561 against
@@ -13,6 +15,19 @@ send buffer of its connections within a host (rendezvous.cc); with that, the
 four took 412-450 us. Run it to check for a regression:
 
     .venv/bin/torchrun --nproc_per_node=2 benchmarks/group_history.py --size 1M
+
+Phases (--algorithms ring,tree,star): one group per algorithm, timed in
+interleaved rounds with turns of 1, 4 and 12 ops, twice over; each line is
+one such phase, about --rounds ops per group. It shows how far an
+algorithm's own time moves from one phase to the next, which bounds what
+any comparison of algorithms can resolve there:
+
+    .venv/bin/torchrun --nproc_per_node=3 benchmarks/group_history.py --size 64M --algorithms ring,tree,star
+
+Measured on the 2-core machine, n=3 over TCP, 64 MiB: ring stayed at 50-54
+ms an op in all six phases, while star took 41.7 ms in the first and 60-70
+in the last three, and tree 44-69: which of them is fastest depends on
+when it is asked, by more than 10%.
 """
 from __future__ import annotations
 
@@ -22,19 +37,11 @@ import torch
 import torch.distributed as dist
 
 import torchcollx
-from bench_common import interleaved_medians, parse_size
+from bench_common import interleaved_medians, parse_size, run_ops
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", type=parse_size, default=1 << 20, help="bytes of the timed all-reduces")
-    p.add_argument("--before", type=parse_size, default=64 << 20, help="bytes of the large all-reduces first")
-    p.add_argument("--algorithm", default="ring")
-    p.add_argument("--transport", default="tcp")
-    p.add_argument("--rounds", type=int, default=40)
-    args = p.parse_args()
-    dist.init_process_group("gloo")
-    opts = torchcollx.Options(algorithm=args.algorithm, transport=args.transport)
+def history(args):
+    opts = torchcollx.Options(algorithm=args.algorithms[0], transport=args.transport)
     names = ["fresh0", "fresh1", "large0", "large1"]
     groups = {n: dist.new_group(backend="collx", pg_options=opts) for n in names}
     big = torch.zeros(args.before // 4)
@@ -44,12 +51,39 @@ def main():
     del big
     buf = torch.zeros(max(1, args.size // 4))
     for n in names:
-        for _ in range(50):
-            dist.all_reduce(buf, group=groups[n])
+        run_ops(groups[n], buf, 50)
     for phase in range(2):
         med = interleaved_medians(groups, buf, args.rounds, 5)
         if dist.get_rank() == 0:
             print(f"phase {phase}: " + "  ".join(f"{n} {t * 1e6:.0f} us" for n, t in med.items()), flush=True)
+
+
+def phases(args):
+    groups = {a: dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=a, transport=args.transport))
+              for a in args.algorithms}
+    buf = torch.zeros(max(1, args.size // 4))
+    for g in groups.values():
+        run_ops(g, buf, 5)
+    for _ in range(2):
+        for k in (1, 4, 12):
+            med = interleaved_medians(groups, buf, max(3, args.rounds // k), k)
+            if dist.get_rank() == 0:
+                print(f"turns of {k:2d}: " + "  ".join(f"{a} {t * 1e6:.0f} us" for a, t in med.items()), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size", type=parse_size, default=1 << 20, help="bytes of the timed all-reduces")
+    p.add_argument("--before", type=parse_size, default=64 << 20, help="bytes of the large all-reduces first")
+    p.add_argument("--algorithms", default="ring", help="one: the history; several: the phases")
+    p.add_argument("--transport", default="tcp")
+    p.add_argument("--rounds", type=int, default=None, help="default 40 (history), 24 (phases)")
+    args = p.parse_args()
+    args.algorithms = args.algorithms.split(",")
+    dist.init_process_group("gloo")
+    run = history if len(args.algorithms) == 1 else phases
+    args.rounds = args.rounds or (40 if run is history else 24)
+    run(args)
     dist.destroy_process_group()
 
 

@@ -228,6 +228,18 @@ def check_auto_matches_backend(rank, ws, fail):
             fail(f"{nbytes} bytes: the backend ran {ran}, backend.choose_allreduce says {mine}")
 
 
+def check_allreduce_with_blocking(rank, ws, fail):
+    """blocking=True returns once the sum is in the tensor, for every
+    algorithm (odd counts included), with a completed Work."""
+    backend = torchcollx.stats.backend_of()
+    for algorithm in ("auto", "ring", "tree", "star", "direct"):
+        for count in (1, 7, 1001, 300_000):
+            t = torch.full((count,), float(rank + 1))
+            work = backend.allreduce_with(t, algorithm, blocking=True)
+            if not work.is_completed() or not bool((t == ws * (ws + 1) / 2).all()):
+                fail(f"{algorithm}, {count} elements: completed={work.is_completed()}, got {t[:3].tolist()}")
+
+
 def check_stats(rank, ws, fail):
     """State counters, and the same in torchcollx.get_stats()["ddp_hook"]."""
     before = torchcollx.get_stats()
@@ -275,6 +287,7 @@ HOOK_CHECKS = [
     check_hook_bucket_sizes,
     check_hook_future_is_bucket_in_place,
     check_auto_matches_backend,
+    check_allreduce_with_blocking,
     check_stats,
     check_hook_one_rank_group,
 ]

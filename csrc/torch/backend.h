@@ -81,9 +81,11 @@ class CollxBackend : public c10d::Backend {
   // ops_sparse.cc: a COO tensor, SUM (gloo's algorithm and results).
   c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& tensor, const c10d::AllreduceOptions& opts);
   // all_reduce with the algorithm chosen per call (the DDP comm hook's
-  // entry); `algorithm` kAuto defers to the cost model.
+  // entry); `algorithm` kAuto defers to the cost model. `callerWaits`: the
+  // caller waits on the Work at once, which then runs in its thread, as a
+  // synchronous all_reduce does.
   c10::intrusive_ptr<c10d::Work> allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
-                                               Algorithm algorithm);
+                                               Algorithm algorithm, bool callerWaits = false);
 
   // ops_gather.cc
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,

@@ -138,14 +138,17 @@ PYBIND11_MODULE(_C, m) {
       .def("stats", &statsOf, "Counters of this group: ops, bytes, calls and seconds per algorithm.")
       .def(
           "allreduce_with",
-          [](CollxBackend& b, at::Tensor& t, const std::string& algorithm, bool average) {
+          [](CollxBackend& b, at::Tensor& t, const std::string& algorithm, bool average, bool blocking) {
             const collx::Algorithm a = algorithmArg(algorithm);
             c10d::ReduceOp op(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
-            return b.allreduceWith(t, op, a);
+            auto work = b.allreduceWith(t, op, a, blocking);
+            if (blocking) work->wait();
+            return work;
           },
-          py::arg("tensor"), py::arg("algorithm") = "auto", py::arg("average") = false,
+          py::arg("tensor"), py::arg("algorithm") = "auto", py::arg("average") = false, py::arg("blocking") = false,
           py::call_guard<py::gil_scoped_release>(),
-          "In-place SUM (or AVG) all-reduce with the algorithm picked for this call; returns the Work.")
+          "In-place SUM (or AVG) all-reduce with the algorithm picked for this call; returns the Work. "
+          "blocking: returns once it is done, having run it in this thread, as a synchronous all_reduce does.")
       .def_property_readonly("hosts", &CollxBackend::hosts,
                              "Host index of every rank: ranks that published the same address share one.")
       .def(

@@ -72,10 +72,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& 
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, const c10d::ReduceOp& op,
-                                                           Algorithm algorithm) {
-  return validated(OpKind::kAllreduce, false, [&]() -> WorkPtr {
+                                                           Algorithm algorithm, bool callerWaits) {
+  return validated(OpKind::kAllreduce, callerWaits, [&]() -> WorkPtr {
     if (auto w = onMirror("all_reduce", tensor, true, true,
-                          [&](at::Tensor& host) { return allreduceWith(host, op, algorithm); })) {
+                          [&](at::Tensor& host) { return allreduceWith(host, op, algorithm, callerWaits); })) {
       return w;
     }
     checkTensor(tensor, "all_reduce", rank_);
