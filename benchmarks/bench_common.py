@@ -64,9 +64,9 @@ def run_ops(group, buf, k, algorithm=None):
 
 
 def interleaved_medians(groups, buf, rounds, k):
-    """groups: {name: group, or (group, algorithm) for run_ops}. In each of `rounds` rounds every group takes a
-    turn: one untimed all-reduce of buf (a re-warm after the other groups),
-    then k timed. The turns run in a new order each round, alike on every
+    """groups: {name: group, or (group, algorithm) for run_ops}. In each of
+    `rounds` rounds every group takes a turn: one untimed all-reduce of buf
+    (a re-warm after the other groups), then k timed. The turns run in a new order each round, alike on every
     rank: the state one group leaves lasts into the next one's turn, and a
     rotation keeps every group behind the same one (n=3, 64 KiB: two ring
     groups, behind direct and behind tree, measured 151 and 167 us rotated,
