@@ -326,8 +326,8 @@ def auto_vs_best_of(prefix, rows, groups, twins, args):
         one_best = min(algos, key=one.get)
         ratios = [med[auto] / med[best], med.get(chose, med[auto]) / med[best], one["auto"] / one[one_best]]
         worst = [max(w, r) for w, r in zip(worst, ratios)]
-        aparts = [max(a / b, b / a) for a, b in ((med[twin], med[prefix + "/ring"]), (one[TWIN], one["ring"]))
-                  if twin in med]
+        aparts = ([max(a / b, b / a) for a, b in ((med[twin], med[prefix + "/ring"]), (one[TWIN], one["ring"]))]
+                  if twin in med else [])
         worst_apart = [max(w, a) for w, a in zip(worst_apart, aparts)]
         if rank == 0:
             twins_at = [f"{a:.2f}" for a in aparts] or ["-", "-"]

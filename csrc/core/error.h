@@ -54,6 +54,12 @@ std::string str(const Args&... args) {
   return out;
 }
 
+// The error of a rank whose peer failed first and said why (its abort frame
+// or note).
+inline PeerAbortedError peerAborted(int rank, int peer, const std::string& why) {
+  return PeerAbortedError(str("collx rank ", rank, ": peer ", peer, " failed and aborted the group: ", why));
+}
+
 #define COLLX_CHECK(cond, ...)                          \
   do {                                                  \
     if (!(cond)) throw ::collx::Error(::collx::str(__VA_ARGS__)); \

@@ -315,7 +315,7 @@ void P2PEngine::onPayload(int peer, Incoming& in) {
       }
       break;
     case OpKind::kAbort:
-      throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer, " failed and aborted the group: ", in.reason));
+      throw peerAborted(rank_, peer, in.reason);
     default:
       break;
   }

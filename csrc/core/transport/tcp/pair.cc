@@ -195,16 +195,12 @@ void Pair::throwAbort(const FrameHeader& h) {
     if (fill(n)) why.assign(rx_.data() + rxBegin_, n);
   } catch (const Error&) {
   }
-  throwPeerAborted(why);
+  throw peerAborted(rank_, peer_, why);
 }
 
 void Pair::throwIfAbortNoted() const {
   const std::string why = stream_.peerAbortNote();
-  if (!why.empty()) throwPeerAborted(why);
-}
-
-void Pair::throwPeerAborted(const std::string& why) const {
-  throw PeerAbortedError(str("collx rank ", rank_, ": peer ", peer_, " failed and aborted the group: ", why));
+  if (!why.empty()) throw peerAborted(rank_, peer_, why);
 }
 
 void Pair::throwSalvagedAbort() {
@@ -224,7 +220,7 @@ void Pair::throwSalvagedAbort() {
     FrameHeader h;
     memcpy(&h, tail.data() + pos, hs);
     if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && pos + hs + h.bytes == end) {
-      throwPeerAborted(std::string(tail.data() + pos + hs, h.bytes));
+      throw peerAborted(rank_, peer_, std::string(tail.data() + pos + hs, h.bytes));
     }
   }
 }

@@ -102,7 +102,6 @@ class Pair {
   void throwSalvagedAbort();
   // At the peer's end of the stream: throws the abort note it left, if any.
   void throwIfAbortNoted() const;
-  [[noreturn]] void throwPeerAborted(const std::string& why) const;
   [[noreturn]] void failClosed() const;  // the note, or "closed by the peer"
   [[noreturn]] void fail(const std::string& what, int err) const;
   // Sends the rest of the half-sent front message; false if not by `deadline`.
