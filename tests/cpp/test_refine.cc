@@ -2,14 +2,13 @@
 // keep the algorithm the group's summed times favour, even where one rank's
 // own clock says otherwise; trials take turns in blocks alike on every rank,
 // and drop a candidate far behind after a round; a kept choice that does not
-// keep up its trial's pace gives way to the next best, at its first check or
-// at the later ones that watch it; classes the model finds clear-cut run no
-// trial; a settled choice is re-tried after kRecheckOps; algorithms far off
-// but cheap to try are tried; a class of slow ops runs shorter blocks and
-// fewer rounds, one of cheap ops the most rounds, judged by each candidate's
-// lower median block; the shared-memory windows are a candidate where auto
-// takes them; a model far slower than the measured times is said stale,
-// once; and the real all-reduce path stays correct through it.
+// keep up its trial's pace gives way to the next best; classes the model
+// finds clear-cut run no trial; a settled choice is re-tried after
+// kRecheckOps; algorithms far off but cheap to try are tried; a class of
+// slow ops runs shorter blocks and fewer rounds, one of cheap ops the most
+// rounds, judged by each candidate's lower median block; the shared-memory windows are a
+// candidate where auto takes them; a model far slower than the measured times
+// is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -261,43 +260,6 @@ void testKeptChoiceMustKeepItsPace() {
   });
 }
 
-// The trial keeps direct (10 us against ring's 15), and its check holds.
-// Direct keeps its pace through two later checks (kWatchUs apart), with no
-// new line; then it slows to 100 us (a mode of the machine): the next check
-// switches to ring, checks it, and settles on it.
-void testKeptChoiceIsWatched() {
-  const Tuning t = closeModel();
-  const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Ranked k(*g.devices[r], t);
-    auto& [ws, refiner, line, c] = k;
-    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
-      refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 15.0);
-    }
-    runCheck(refiner, c, kClose, Algorithm::kDirect, 10.0);
-    CHECK(line == "refined: 256 KiB: direct (10.0 us) over ring (15.0 us)", line);
-    line.clear();
-    const uint64_t watch = Refiner::watchOpsFor(10.0);
-    CHECK(watch == uint64_t(Refiner::kWatchUs / 10.0), "checks every ", watch, " ops of 10 us");
-    for (uint64_t i = 0; i < 2 * watch + 2 * uint64_t(Refiner::checkOpsFor(10.0)); ++i) {
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kDirect, "rank ", r, " kept op ", i);
-      refiner.ran(10.0);
-    }
-    CHECK(line.empty(), "a check that holds says nothing new: ", line);
-    uint64_t slow = 0;
-    while (refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kDirect) {
-      refiner.ran(100.0);
-      CHECK(++slow <= watch + uint64_t(Refiner::checkOpsFor(10.0)), "rank ", r, ": direct kept at 100 us");
-    }
-    refiner.ran(15.0);  // ring's first check op
-    runCheck(refiner, c, kClose, Algorithm::kRing, 15.0);
-    CHECK(line == "refined: 256 KiB: ring (15.0 us) over direct (100.0 us sustained)", line);
-    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "ring kept");
-  });
-}
-
 // Direct's ops alternate between 4 and 18 us (11 on average), ring's take
 // 10: ring is kept, though direct's fastest ops are faster. A preemption
 // (one op of 5 ms in ring's first block) counts as twice ring's median, 20:
@@ -431,7 +393,6 @@ int main() {
   testThreeCandidates();
   testSlowClassesTryLess();
   testKeptChoiceMustKeepItsPace();
-  testKeptChoiceIsWatched();
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
   testSharedWindowsAreACandidate();

@@ -104,13 +104,9 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   Class& k = it->second;
   if (isNew) k = fresh(c, bytes, choice);
   if (k.count < 2) return choice;
-  if (k.keptOps > 0) {  // settled once
-    if (++k.keptOps > kRecheckOps) {
-      k = fresh(c, bytes, k.candidate[0]);  // a new trial, among the same candidates
-    } else if (k.checkOps == 0) {
-      if (k.keptOps < k.watchAt) return k.candidate[k.kept];
-      k.checkOps = checkOpsFor(k.agreedUs[k.kept]);  // does it keep its pace?
-    }
+  if (k.kept >= 0 && k.checkOps == 0) {
+    if (++k.keptOps <= kRecheckOps) return k.candidate[k.kept];
+    k = fresh(c, bytes, k.candidate[0]);  // a new trial, among the same candidates
   }
   std::string stale;
   while (k.kept < 0) {
@@ -129,11 +125,9 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   if (k.checkOps > 0) {
     const int quarter = 4 * k.checkRuns++ / k.checkOps;
     if (quarter >= 2) pending_ = &k.check[quarter - 2];
-  } else {  // settled: after the trial's check, or a later one
-    if (k.keptOps == 0) k.keptOps = 1;  // this op
-    k.watchAt = k.keptOps + watchOpsFor(k.agreedUs[k.kept]);
-    if (k.kept != k.announced) line = describe(cls, k);
-    k.announced = k.kept;
+  } else {
+    k.keptOps = 1;  // this op
+    line = describe(cls, k);
   }
   lock.unlock();
   if (!stale.empty() && onStale) onStale(stale);
@@ -229,11 +223,6 @@ int Refiner::blockFor(double us) { return us <= 1000 ? kMaxBlock : us <= 4000 ? 
 
 int Refiner::roundsFor(double blockUs) {
   return blockUs * kMaxRounds <= kRoundUs ? kMaxRounds : std::max(kMinRounds, int(kRoundUs / blockUs));
-}
-
-uint64_t Refiner::watchOpsFor(double us) {
-  const double ops = std::max(kWatchUs / std::max(us, 1e-3), 4.0 * checkOpsFor(us));
-  return uint64_t(std::min(ops, double(kRecheckOps)));
 }
 
 int Refiner::checkOpsFor(double us) {

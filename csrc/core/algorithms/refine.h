@@ -80,18 +80,11 @@
 //                            n=4 took 54 us each, where direct run on took
 //                            105 us and star 50; the first half of the
 //                            check uses such a burst up
-//   later ops                the kept one, checked again as above every
-//                            ~kWatchUs of its ops (watchOpsFor): a check
-//                            costs one agreement, and switches where the
-//                            kept one lost its pace. At n=3 over TCP, 1
-//                            MiB, tree ran in modes of 0.9 and 1.6 ms an
-//                            op, 50 ops at a time, and ring at 1.0: a
-//                            trial in tree's fast mode kept it, and it
-//                            then ran 1.7x ring. After kRecheckOps of
-//                            them the class runs a new trial, so a machine
-//                            whose speeds change is followed (rarely: at
-//                            4096, a new trial's slower candidates showed
-//                            as up to 1.9x on a benchmark point)
+//   later ops                the kept one; after kRecheckOps of them the
+//                            class runs a new trial, so a machine whose
+//                            speeds change is followed (rarely: at 4096,
+//                            a new trial's slower candidates showed as up
+//                            to 1.9x on a benchmark point)
 //
 // The agreed times also check the model: where it predicted the model's
 // choice kStaleRatio times slower than the group measured, the tuning was
@@ -134,7 +127,6 @@ class Refiner {
   static constexpr double kDropRatio = 2.0;       // a candidate's agreed time / the fastest's that may drop it
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
-  static constexpr double kWatchUs = 200000;      // ops of a kept choice between its checks take about this
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
   static constexpr double kStaleRatio = 3.0;      // predicted / measured that marks the model stale
 
@@ -157,8 +149,6 @@ class Refiner {
   static int roundsFor(double blockUs);
   // C for a candidate the trial agreed at `us` per op.
   static int checkOpsFor(double us);
-  // Ops of a kept choice agreed at `us` from one check to the next.
-  static uint64_t watchOpsFor(double us);
 
   // One line per class that has settled on a choice, for the log and
   // backend.tuning: "refined: 64 KiB: ring (27.9 us) over direct (35.1 us)",
@@ -198,9 +188,7 @@ class Refiner {
     int checkOps = 0;              // C while the kept one is being checked, else 0
     int checkRuns = 0;
     Block check[2];                // and in the check's last two quarters
-    uint64_t keptOps = 0;          // since the class settled, its checks included
-    uint64_t watchAt = 0;          // keptOps at which the kept one is checked again
-    int announced = -1;            // the kept index onKept last heard of
+    uint64_t keptOps = 0;          // since the class settled
   };
   static Class fresh(const Collective& c, size_t bytes, Algorithm choice);
   // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
