@@ -79,6 +79,15 @@ def _tail(path, limit=4000):
     return ("...\n" if len(data) > limit else "") + text if text else "<no output>"
 
 
+def _stopped(proc) -> bool:
+    """Whether the process is stopped (SIGSTOP), from /proc."""
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def _describe_exit(code):
     if code is None:
         return "still running"
@@ -207,12 +216,16 @@ def _run(fn, world_size, timeout, backend_init, env, args, with_gloo, pg_options
                 ))
 
         deadline = time.monotonic() + timeout
-        first_failure_at = None
+        first_failure_at = others_done_at = None
         while True:
             done = [p.poll() is not None for p in procs]
-            if all(d or r in may_die for r, d in enumerate(done)):
-                break
             now = time.monotonic()
+            if all(d or r in may_die for r, d in enumerate(done)):
+                # A may_die rank that still runs (not stopped) may be about to
+                # end by itself (still starting up): its end is its result.
+                others_done_at = others_done_at or now
+                if all(d or _stopped(p) for d, p in zip(done, procs)) or now - others_done_at > grace:
+                    break
             if first_failure_at is None and any(
                 d and _read_result(res)[0] != "ok" and (r not in may_die or _read_result(res)[0] == "error")
                 for r, (d, res) in enumerate(zip(done, results))
