@@ -6,7 +6,7 @@
 # CUDA call costs, and the all-reduce benchmark on CUDA and on CPU
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
 # gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
-# tests, kernels, costs, allreduce, variants (default: all), runs a part.
+# tests, kernels, costs, allreduce, variants, mps (default: all), runs a part.
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR [STEPS]}
 STEPS=${2:-all}
@@ -70,4 +70,27 @@ for n in 2 4; do
     for chunk in 4194304 8388608 16777216 off; do variant $n chunk_$chunk COLLX_STAGING_CHUNK_BYTES=$chunk; done
   fi
 done
+# The same CUDA-tensor all-reduce with the ranks' GPU work under MPS (one shared
+# context, no time-slicing between the ranks' processes): what the staging
+# costs when the ranks do not take turns on the GPU, as with a GPU per rank.
+if want mps; then
+  if command -v nvidia-cuda-mps-control > /dev/null; then
+    (
+      export CUDA_MPS_PIPE_DIRECTORY=$W/mps_pipe CUDA_MPS_LOG_DIRECTORY=$W/mps_log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d
+      if timeout 60 $PY -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+        echo "mps: on, servers: $(echo get_server_list | nvidia-cuda-mps-control | tr '\n' ' ')" | tee -a "$W/summary.txt"
+        for n in 2 4; do
+          bench bench_mps_cuda_n$n $n cuda 4K,64K,1M,16M,64M --transports shm,tcp
+        done
+      else
+        echo "mps: a CUDA context failed under MPS, step skipped" | tee -a "$W/summary.txt"
+      fi
+      echo quit | nvidia-cuda-mps-control
+    )
+  else
+    echo "mps: nvidia-cuda-mps-control not found, step skipped" | tee -a "$W/summary.txt"
+  fi
+fi
 cat "$W"/bench_*.txt >> "$W/summary.txt" 2>/dev/null
