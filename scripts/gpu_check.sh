@@ -6,7 +6,7 @@
 # CUDA call costs, and the all-reduce benchmark on CUDA and on CPU
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
 # gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
-# tests, kernels, costs, allreduce, variants, mps (default: all), runs a part.
+# tests, kernels, costs, allreduce, variants, staging, mps (default: all), runs a part.
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR [STEPS]}
 STEPS=${2:-all}
@@ -70,6 +70,16 @@ for n in 2 4; do
     for chunk in 4194304 8388608 16777216 off; do variant $n chunk_$chunk COLLX_STAGING_CHUNK_BYTES=$chunk; done
   fi
 done
+# Where a staged all-reduce's time goes: CUDA tensors under several staging
+# settings beside pageable and pinned CPU tensors and the copies alone; once
+# more at n=2 with torch's pinned buffers made by cudaHostRegister.
+if want staging; then
+  for n in 2 4; do
+    run staging_n$n 120 $PY -m torch.distributed.run --nproc_per_node=$n benchmarks/staging.py
+  done
+  run staging_n2_host_register 120 env PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True \
+    $PY -m torch.distributed.run --nproc_per_node=2 benchmarks/staging.py
+fi
 # The same CUDA-tensor all-reduce with the ranks' GPU work under MPS (one shared
 # context, no time-slicing between the ranks' processes): what the staging
 # costs when the ranks do not take turns on the GPU, as with a GPU per rank.
@@ -93,4 +103,4 @@ if want mps; then
     echo "mps: nvidia-cuda-mps-control not found, step skipped" | tee -a "$W/summary.txt"
   fi
 fi
-cat "$W"/bench_*.txt >> "$W/summary.txt" 2>/dev/null
+cat "$W"/bench_*.txt "$W"/staging_*.txt >> "$W/summary.txt" 2>/dev/null
