@@ -27,7 +27,7 @@ from common import dtype_name, expected, gen, mismatch, ops_for, reduce_op, suit
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8,
           torch.bool]
 COUNTS = [0, 1, 7, 1000, 100003]
-LARGE = 4 * 1024 * 1024 + 3  # float32: 16 MiB and 12 B, pipelined: edges of 1 MiB around two of 7 MiB
+LARGE = 4 * 1024 * 1024 + 3  # float32: 16 MiB, pipelined (8, 8 MiB and 12 B)
 # Whether this rank runs with reductions on the GPU (COLLX_DEVICE_REDUCE_MIN_BYTES).
 ON_GPU = os.environ.get("COLLX_DEVICE_REDUCE_MIN_BYTES", "off") != "off"
 DEV = torch.device("cuda", 0)

@@ -53,8 +53,8 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
                    device_->transportNote().empty() ? "" : "; ", device_->transportNote(), "; algorithm ",
                    name(config_.algorithm), ", tree arity ", config_.treeArity, ", segment ", config_.segmentBytes,
                    " B, device reductions ",
-                   config_.staging.deviceReduceMinBytes == SIZE_MAX ? std::string("off")
-                                                            : collx::str("from ", config_.staging.deviceReduceMinBytes, " B")));
+                   config_.deviceReduceMinBytes == SIZE_MAX ? std::string("off")
+                                                            : collx::str("from ", config_.deviceReduceMinBytes, " B")));
   }
 }
 
@@ -184,7 +184,8 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
 
 std::shared_ptr<Staging> CollxBackend::stagingFor(const std::vector<at::Tensor>& tensors, const char* op) {
   if (Staging::current()) return nullptr;  // already running on the mirrors
-  return Staging::create(tensors, config_.stageCpuTensors, config_.staging, op, rank_);
+  return Staging::create(tensors, config_.stageCpuTensors, config_.deviceReduceMinBytes, config_.stagingChunkBytes,
+                         op, rank_);
 }
 
 void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {

@@ -34,7 +34,8 @@ struct Config {
   bool readPeers = true;                   // COLLX_SHM_CMA: cross-memory attach where allowed
   std::string localCongestion = "reno";    // COLLX_TCP_CONGESTION within a host; "": the system's
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
-  StagingSettings staging;  // COLLX_DEVICE_REDUCE_MIN_BYTES, COLLX_STAGING_{CHUNK,EDGE}_BYTES (staging.h)
+  size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
+  size_t stagingChunkBytes = kPipelineChunkBytes;       // COLLX_STAGING_CHUNK_BYTES (staging.h)
   LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
   TuningPolicy tuning;  // COLLX_TUNING: calibrate (default), table, or a file (core/algorithms/calibrate.h)
 };

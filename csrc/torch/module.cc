@@ -16,9 +16,8 @@ using collx::torch_glue::CollxBackend;
 
 namespace {
 
-// COLLX_DEVICE_REDUCE_MIN_BYTES, COLLX_STAGING_CHUNK_BYTES and
-// COLLX_STAGING_EDGE_BYTES: a byte count, or "off" (SIZE_MAX: no reductions on
-// the device; no pipelining; no edge chunks).
+// COLLX_DEVICE_REDUCE_MIN_BYTES and COLLX_STAGING_CHUNK_BYTES: a byte count,
+// or "off" (SIZE_MAX: no reductions on the device; no pipelining).
 size_t bytesOrOff(const char* name, size_t byDefault) {
   const char* v = std::getenv(name);
   if (!v) return byDefault;
@@ -98,12 +97,9 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     config.localCongestion = std::string(cc) == "system" ? "" : cc;
   }
   config.tuning = tuningPolicy();
-  auto& staging = config.staging;
-  staging.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", staging.deviceReduceMinBytes);
-  staging.chunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", staging.chunkBytes);
-  if (staging.chunkBytes == 0) throw py::value_error("collx: COLLX_STAGING_CHUNK_BYTES=0: use off or a byte count");
-  staging.edgeBytes = bytesOrOff("COLLX_STAGING_EDGE_BYTES", staging.edgeBytes);
-  if (staging.edgeBytes == 0) throw py::value_error("collx: COLLX_STAGING_EDGE_BYTES=0: use off or a byte count");
+  config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
+  config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);
+  if (config.stagingChunkBytes == 0) throw py::value_error("collx: COLLX_STAGING_CHUNK_BYTES=0: use off or a byte count");
   try {
     config.logLevel = collx::torch_glue::parseLogLevel(std::getenv("COLLX_DEBUG") ? std::getenv("COLLX_DEBUG") : "");
   } catch (const collx::Error& e) {

@@ -9,7 +9,8 @@
 namespace collx::torch_glue {
 
 #ifdef COLLX_WITH_CUDA
-std::shared_ptr<Staging> makeCudaStaging(c10::Device device, const StagingSettings& settings);  // staging_cuda.cc
+std::shared_ptr<Staging> makeCudaStaging(c10::Device device, size_t deviceReduceMinBytes,
+                                         size_t chunkBytes);  // staging_cuda.cc
 #endif
 
 namespace {
@@ -63,23 +64,9 @@ class HostStaging final : public Staging {
 
 }  // namespace
 
-std::vector<std::pair<int64_t, int64_t>> pipelineChunks(int64_t n, size_t esize, const StagingSettings& s) {
-  const int64_t step = std::max<int64_t>(1, int64_t(std::min<size_t>(s.chunkBytes, INT64_MAX) / esize));
-  const int64_t edge = s.edgeBytes < s.chunkBytes ? std::max<int64_t>(1, int64_t(s.edgeBytes / esize)) : 0;
-  std::vector<std::pair<int64_t, int64_t>> chunks;
-  if (edge > 0 && n > 2 * edge) chunks.push_back({0, edge});
-  const int64_t begin = chunks.empty() ? 0 : edge, end = chunks.empty() ? n : n - edge;
-  const int64_t count = (end - begin + step - 1) / step;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t from = begin + (end - begin) * i / count, to = begin + (end - begin) * (i + 1) / count;
-    chunks.push_back({from, to - from});
-  }
-  if (end < n) chunks.push_back({end, n - end});
-  return chunks;
-}
-
 std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors, bool stageCpu,
-                                         const StagingSettings& settings, const char* op, int rank) {
+                                         size_t deviceReduceMinBytes, size_t chunkBytes, const char* op,
+                                         int rank) {
   const at::Tensor* first = nullptr;
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
@@ -93,11 +80,11 @@ std::shared_ptr<Staging> Staging::create(const std::vector<at::Tensor>& tensors,
     if (t.defined() && t.is_sparse()) fail(op, rank, "sparse tensors are not supported");
   }
   const c10::Device device = first->device();
-  if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>(settings) : nullptr;
+  if (device.is_cpu()) return stageCpu ? std::make_shared<HostStaging>(deviceReduceMinBytes, chunkBytes) : nullptr;
   if (!device.is_cuda()) return nullptr;  // checkTensor names the unsupported device
 #ifdef COLLX_WITH_CUDA
   try {
-    return makeCudaStaging(device, settings);
+    return makeCudaStaging(device, deviceReduceMinBytes, chunkBytes);
   } catch (const Error& e) {
     fail(op, rank, e.what());
   }
@@ -162,7 +149,7 @@ void Staging::copyOut() {
 bool Staging::pipelines(const at::Tensor& host) {
   for (auto& m : mirrors_) {
     if (!m.host.is_same(host)) continue;
-    m.pipelined = m.in && m.out && m.device.is_contiguous() && settings_.chunkBytes <= size_t(host.nbytes()) / 2;
+    m.pipelined = m.in && m.out && m.device.is_contiguous() && chunkBytes_ <= size_t(host.nbytes()) / 2;
     return m.pipelined;
   }
   return false;
@@ -175,12 +162,15 @@ void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, s
   }
   TORCH_INTERNAL_ASSERT(m, "collx: pipeline() on a tensor that pipelines() did not accept");
   const at::Tensor h = m->host.view(-1), d = m->device.view(-1);
-  const auto chunks = pipelineChunks(h.numel(), h.element_size(), settings_);
+  const int64_t n = h.numel(), step = std::max<int64_t>(1, int64_t(chunkBytes_ / h.element_size()));
   waitCaller();
   std::vector<size_t> down;
-  for (const auto& [at, len] : chunks) down.push_back(copyAndMark(h.narrow(0, at, len), d.narrow(0, at, len)));
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const auto [at, len] = chunks[i];
+  for (int64_t at = 0; at < n; at += step) {
+    const int64_t len = std::min(step, n - at);
+    down.push_back(copyAndMark(h.narrow(0, at, len), d.narrow(0, at, len)));
+  }
+  for (size_t i = 0; i * step < size_t(n); ++i) {
+    const int64_t at = int64_t(i) * step, len = std::min(step, n - at);
     waitFor(down[i]);
     at::Tensor chunk = h.narrow(0, at, len);
     run(chunk.data_ptr(), size_t(len));
@@ -194,7 +184,7 @@ ReduceFn Staging::reduceFn(DataType dtype, ReduceOp op, bool intoTensor) {
   const size_t esize = elementSize(dtype);
   return [this, host, dtype, op, esize, intoTensor](void* dst, const void* src, size_t count) {
     const size_t bytes = count * esize;
-    if (bytes == 0 || bytes < settings_.deviceReduceMinBytes) return host(dst, src, count);
+    if (bytes == 0 || bytes < deviceReduceMinBytes_) return host(dst, src, count);
     if (void* tensor = intoTensor ? tensorAddressOf(dst, bytes) : nullptr) {
       reduceIntoTensor(dtype, op, tensor, dst, src, count);
       ++inTensorReductions_;

@@ -39,11 +39,6 @@
 //   copy stream   D2H 0 | D2H 1 | D2H 2 |        H2D 0 |  H2D 1 |  H2D 2
 //   host                  [ all-reduce 0 ][ all-reduce 1 ][ all-reduce 2 ]
 //
-// The first chunk's D2H and the last one's H2D overlap nothing, so the first
-// and last chunks are small (edges) and the middle ones large:
-//
-//   chunks   | e |      c      |      c      | e |     (e = edgeBytes)
-//
 // COLLX_STAGE_CPU_TENSORS=1 sends CPU tensors down this same path, with plain
 // copies and CPU kernels for the "device" reductions: the CPU test suite then
 // exercises the staging logic that CUDA tensors use.
@@ -53,7 +48,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "core/reduce/reduce.h"
@@ -74,22 +68,6 @@ constexpr size_t kDeviceReduceMinBytes = SIZE_MAX;
 // chunks ran 16 MiB 1.19x faster than 4 MiB ones at n=4 and 64 MiB 1.09x
 // faster at n=2; 16 MiB chunks and no pipelining were not better overall.
 constexpr size_t kPipelineChunkBytes = 8 << 20;
-// Default of COLLX_STAGING_EDGE_BYTES: the pipeline's first and last chunks.
-constexpr size_t kPipelineEdgeBytes = 1 << 20;
-
-// COLLX_DEVICE_REDUCE_MIN_BYTES, COLLX_STAGING_CHUNK_BYTES and
-// COLLX_STAGING_EDGE_BYTES (SIZE_MAX: off).
-struct StagingSettings {
-  size_t deviceReduceMinBytes = kDeviceReduceMinBytes;
-  size_t chunkBytes = kPipelineChunkBytes;
-  size_t edgeBytes = kPipelineEdgeBytes;
-};
-
-// The pipeline's chunks of a tensor of n elements of `esize` bytes, as
-// (offset, count) in elements: edges of edgeBytes first and last (when they
-// are smaller than a chunk), and chunks of at most chunkBytes between them,
-// all of about one size.
-std::vector<std::pair<int64_t, int64_t>> pipelineChunks(int64_t n, size_t esize, const StagingSettings& s);
 
 class Staging {
  public:
@@ -98,11 +76,12 @@ class Staging {
   // mixed devices, an unsupported device, or CUDA tensors in a build without
   // CUDA.
   // Reductions of >= `deviceReduceMinBytes` run on the device; an all-reduce
-  // pipelines (pipelineChunks).
+  // pipelines in chunks of `chunkBytes`.
   static std::shared_ptr<Staging> create(const std::vector<at::Tensor>& tensors, bool stageCpu,
-                                         const StagingSettings& settings, const char* op, int rank);
+                                         size_t deviceReduceMinBytes, size_t chunkBytes, const char* op, int rank);
 
-  explicit Staging(const StagingSettings& settings) : settings_(settings) {}
+  Staging(size_t deviceReduceMinBytes, size_t chunkBytes)
+      : deviceReduceMinBytes_(deviceReduceMinBytes), chunkBytes_(chunkBytes) {}
   virtual ~Staging() = default;
 
   // A host tensor standing in for `device`: filled from it before the op
@@ -180,7 +159,8 @@ class Staging {
   // tensor, or null.
   void* tensorAddressOf(const void* host, size_t bytes) const;
 
-  const StagingSettings settings_;
+  const size_t deviceReduceMinBytes_;
+  const size_t chunkBytes_;
   std::vector<Mirror> mirrors_;
   uint64_t deviceReductions_ = 0;  // executor thread only
   uint64_t inTensorReductions_ = 0;

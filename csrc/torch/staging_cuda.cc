@@ -21,8 +21,8 @@ void check(cudaError_t err, const char* what) {
 
 class CudaStaging final : public Staging {
  public:
-  CudaStaging(c10::Device device, const StagingSettings& settings)
-      : Staging(settings),
+  CudaStaging(c10::Device device, size_t deviceReduceMinBytes, size_t chunkBytes)
+      : Staging(deviceReduceMinBytes, chunkBytes),
         device_(device),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())),
         reduceStream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
@@ -123,8 +123,8 @@ class CudaStaging final : public Staging {
 
 }  // namespace
 
-std::shared_ptr<Staging> makeCudaStaging(c10::Device device, const StagingSettings& settings) {
-  return std::make_shared<CudaStaging>(device, settings);
+std::shared_ptr<Staging> makeCudaStaging(c10::Device device, size_t deviceReduceMinBytes, size_t chunkBytes) {
+  return std::make_shared<CudaStaging>(device, deviceReduceMinBytes, chunkBytes);
 }
 
 }  // namespace collx::torch_glue
