@@ -31,9 +31,8 @@ from bench_common import agreed_max, parse_size, run_ops
 # Staging settings timed beside the default, each on a group of its own
 # (collx reads them when a group is created).
 SETTINGS = {
-    "chunk off": {"COLLX_STAGING_CHUNK_BYTES": "off"},
-    "chunk 32M": {"COLLX_STAGING_CHUNK_BYTES": str(32 << 20)},
-    "no CMA": {"COLLX_SHM_CMA": "0"},  # shared memory copies through its rings instead of reading peers
+    "chunk 4M": {"COLLX_STAGING_CHUNK_BYTES": str(4 << 20)},
+    "chunk off": {"COLLX_STAGING_CHUNK_BYTES": "off"},  # no pipelining
 }
 
 
@@ -58,7 +57,7 @@ def collx_group(values):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="1M,16M,64M", help="comma list of byte sizes, K/M/G suffixes ok")
+    p.add_argument("--sizes", default="1M,16M,32M,64M", help="comma list of byte sizes, K/M/G suffixes ok")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--time-per-point", type=float, default=0.15, help="seconds per row per round, about")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -77,7 +76,6 @@ def main():
     plain = collx_group({})
     groups = {"cuda": collx_group(staged)}
     groups.update({f"cuda/{name}": collx_group({**staged, **v}) for name, v in SETTINGS.items()})
-    cpu_no_cma = collx_group(SETTINGS["no CMA"])
 
     if rank == 0:
         print(f"# staged all_reduce  world_size={world}  torch={torch.__version__}  device={device}  "
@@ -103,7 +101,6 @@ def main():
         rows = {name: (lambda g=g: run_ops(g, gpu, 1)) for name, g in groups.items()}
         rows["cpu"] = lambda: run_ops(plain, pageable, 1)
         rows["cpu pinned"] = lambda: run_ops(plain, pinned, 1)
-        rows["cpu/no CMA"] = lambda: run_ops(cpu_no_cma, pageable, 1)
         rows["copies"] = copies
         for fn in rows.values():  # warm up, and a first estimate of k
             fn()

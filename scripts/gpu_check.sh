@@ -71,14 +71,11 @@ for n in 2 4; do
   fi
 done
 # Where a staged all-reduce's time goes: CUDA tensors under several staging
-# settings beside pageable and pinned CPU tensors and the copies alone; once
-# more at n=2 with torch's pinned buffers made by cudaHostRegister.
+# settings beside pageable and pinned CPU tensors and the copies alone.
 if want staging; then
   for n in 2 4; do
     run staging_n$n 120 $PY -m torch.distributed.run --nproc_per_node=$n benchmarks/staging.py
   done
-  run staging_n2_host_register 120 env PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True \
-    $PY -m torch.distributed.run --nproc_per_node=2 benchmarks/staging.py
 fi
 # The same CUDA-tensor all-reduce with the ranks' GPU work under MPS (one shared
 # context, no time-slicing between the ranks' processes): what the staging
