@@ -151,7 +151,8 @@ def make_groups(args):
                                    ("segment_bytes", args.segment_bytes)) if v is not None}
         for transport in args.transports:
             prefix = "collx" if len(args.transports) == 1 else transport
-            for algo in args.algos:
+            # The shared-memory windows need the shared-memory transport.
+            for algo in (a for a in args.algos if not (a == "shm" and transport == "tcp")):
                 opts = torchcollx.Options(algorithm=algo, transport=transport, **extra)
                 groups.append((f"{prefix}/{algo}", dist.new_group(backend="collx", pg_options=opts)))
             if "auto" in args.algos and "ring" in args.algos and args.twin:
@@ -388,7 +389,8 @@ def plot(rows, limit, n, path):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="gloo,collx", help="comma list of gloo,collx")
-    p.add_argument("--algos", default="ring,tree,star,direct,auto", help="collx algorithms, timed in this order")
+    p.add_argument("--algos", default="ring,tree,star,direct,shm,auto",
+                   help="collx algorithms, timed in this order (shm: not on the tcp transport)")
     p.add_argument("--transports", default="auto",
                    help="comma list of collx transports (auto,tcp,shm); with several, each gets its own "
                         "set of groups, named by transport, and a shm-vs-tcp summary")
