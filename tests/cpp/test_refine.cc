@@ -7,7 +7,7 @@
 // kRecheckOps; algorithms far off but cheap to try are tried; a class of
 // slow ops runs shorter blocks and fewer rounds, one of cheap ops the most
 // rounds, judged by each candidate's lower median block; the shared-memory windows are a
-// candidate where auto takes them; a model far slower than the measured times
+// candidate where auto takes them, and below them over shared memory; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstring>
 #include <functional>
@@ -346,6 +346,30 @@ void testSharedWindowsAreACandidate() {
   });
 }
 
+// Over shared memory below 64 KiB, where auto takes the model's flat choice,
+// the windows are tried last and kept where they are the fastest; over TCP
+// they are no candidate.
+void testSharedWindowsJoinBelowTheirRule() {
+  constexpr size_t kSmall = 16 << 10;
+  const Tuning t = closeModel(kSmall);
+  const int block = blockAt(t, kSmall);
+  for (shm::Mode mode : {shm::Mode::kShm, shm::Mode::kTcp}) {
+    test::Group g(kRanks, test::over(mode));
+    test::runRanks(kRanks, [&](int r) {
+      Ranked k(*g.devices[r], t);
+      auto& [ws, refiner, line, c] = k;
+      std::vector<Algorithm> order = {Algorithm::kDirect, Algorithm::kRing};
+      if (mode == shm::Mode::kShm) order.push_back(Algorithm::kShm);
+      runTrialInTurn(refiner, c, kSmall, Algorithm::kDirect, order, block,
+                     [](Algorithm a) { return a == Algorithm::kShm ? 10.0 : a == Algorithm::kRing ? 12.0 : 25.0; });
+      const Algorithm fastest = mode == shm::Mode::kShm ? Algorithm::kShm : Algorithm::kRing;
+      runCheck(refiner, c, kSmall, fastest, 10.0);
+      CHECK(refiner.kept(kSmall, Algorithm::kDirect) == fastest, "rank ", r, ": kept ",
+            name(refiner.kept(kSmall, Algorithm::kDirect)));
+    });
+  }
+}
+
 // The real path: auto all-reduces of sizes within one class, with the
 // refiner set, each checked against the locally computed sum; every rank
 // must run the same algorithm at every op, take turns in the trial's first
@@ -373,8 +397,10 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
       }
     };
     int i = 0;
-    // R rounds of two blocks, two checks at most, then six settled ops.
-    const int most = trialOps(2, block, roundsAt(t, close)) + 2 * Refiner::checkOpsFor(0);
+    // R rounds of a block per candidate (the windows too over shared memory
+    // below them), two checks at most, then six settled ops.
+    const int candidates = mode == shm::Mode::kShm && close < (64 << 10) ? 3 : 2;
+    const int most = trialOps(candidates, block, roundsAt(t, close)) + 2 * Refiner::checkOpsFor(0);
     while ((i == 0 || refiner.trying(close)) && i < most) op(i++);
     settledAt[r] = i;
     for (int more = 0; more < 6; ++more) op(i++);
@@ -396,6 +422,7 @@ int main() {
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
   testSharedWindowsAreACandidate();
+  testSharedWindowsJoinBelowTheirRule();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.
   testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);
