@@ -4,7 +4,7 @@
 // and drop a candidate far behind after a round; a kept choice that does not
 // keep up its trial's pace gives way to the next best; classes the model
 // finds clear-cut run no trial; a settled choice is re-tried after
-// kRecheckOps; algorithms far off but cheap to try are tried; a class of
+// kRecheckOps, or a minute of its ops; algorithms far off but cheap to try are tried; a class of
 // slow ops runs shorter blocks and fewer rounds, one of cheap ops the most
 // rounds, judged by each candidate's lower median block; the shared-memory windows are a
 // candidate where auto takes them, and below them over shared memory; a model far slower than the measured times
@@ -202,6 +202,15 @@ void testSlowClassesTryLess() {
     CHECK(runCheck(refiner, c, kBig, Algorithm::kRing, 20000.0) == 8, "rank ", r, ": not 8 check ops");
     CHECK(line == "refined: 16 MiB: ring (20000.0 us) over direct (50000.0 us)", line);
     CHECK(!refiner.trying(kBig) && !refiner.trying(8), "no trial after settling, nor at 8 B");
+    // Kept for a minute of its agreed time, 3000 ops of 20 ms, not for
+    // kRecheckOps: then a new trial.
+    const uint64_t recheck = Refiner::recheckOpsFor(20000.0);
+    CHECK(recheck == 3000 && Refiner::recheckOpsFor(16.7) == Refiner::kRecheckOps, "recheckOpsFor: ", recheck);
+    for (uint64_t i = 1; i < recheck; ++i) {
+      CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
+    }
+    CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect && refiner.trying(kBig),
+          "rank ", r, ": no new trial after ", recheck, " ops");
   });
 }
 

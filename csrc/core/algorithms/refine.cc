@@ -111,7 +111,7 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   if (isNew) k = fresh(c, bytes, choice);
   if (k.count < 2) return choice;
   if (k.kept >= 0 && k.checkOps == 0) {
-    if (++k.keptOps <= kRecheckOps) return k.candidate[k.kept];
+    if (++k.keptOps <= recheckOpsFor(k.agreedUs[k.kept])) return k.candidate[k.kept];
     k = fresh(c, bytes, k.candidate[0]);  // a new trial, among the same candidates
   }
   std::string stale;
@@ -234,6 +234,10 @@ int Refiner::roundsFor(double blockUs) {
 int Refiner::checkOpsFor(double us) {
   constexpr int kFewest = 8, kMost = 256;
   return us * kMost <= kCheckUs ? kMost : std::max(kFewest, int(kCheckUs / us + 0.5));
+}
+
+uint64_t Refiner::recheckOpsFor(double us) {
+  return us * double(kRecheckOps) <= kRecheckUs ? kRecheckOps : std::max<uint64_t>(1, uint64_t(kRecheckUs / us));
 }
 
 std::string Refiner::describe(size_t bytes, const Class& k) {

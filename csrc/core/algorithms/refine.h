@@ -80,11 +80,17 @@
 //                            n=4 took 54 us each, where direct run on took
 //                            105 us and star 50; the first half of the
 //                            check uses such a burst up
-//   later ops                the kept one; after kRecheckOps of them the
-//                            class runs a new trial, so a machine whose
-//                            speeds change is followed (rarely: at 4096,
-//                            a new trial's slower candidates showed as up
-//                            to 1.9x on a benchmark point)
+//   later ops                the kept one; after kRecheckOps of them, or
+//                            as many as its agreed time puts at kRecheckUs,
+//                            the class runs a new trial, so a machine whose
+//                            speeds change is followed, and a trial taken
+//                            in a slow spell is not kept for long (n=2,
+//                            64 MiB on shared memory, 2 cores: a spell
+//                            made the windows, ring, tree and star 3-4x
+//                            slower through a trial, which kept direct, 3x
+//                            the windows' time once it had passed). Rarely:
+//                            at 4096, a new trial's slower candidates
+//                            showed as up to 1.9x on a benchmark point
 //
 // The agreed times also check the model: where it predicted the model's
 // choice kStaleRatio times slower than the group measured, the tuning was
@@ -131,6 +137,7 @@ class Refiner {
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
+  static constexpr double kRecheckUs = 60e6;         // or its agreed time over this many ops
   static constexpr double kStaleRatio = 3.0;      // predicted / measured that marks the model stale
 
   // What an auto all-reduce of `bytes` runs, where the model (with the
@@ -152,6 +159,8 @@ class Refiner {
   static int roundsFor(double blockUs);
   // C for a candidate the trial agreed at `us` per op.
   static int checkOpsFor(double us);
+  // How many ops a choice agreed at `us` per op is kept before a new trial.
+  static uint64_t recheckOpsFor(double us);
 
   // One line per class that has settled on a choice, for the log and
   // backend.tuning: "refined: 64 KiB: ring (27.9 us) over direct (35.1 us)",
