@@ -21,8 +21,12 @@ namespace {
 // wakeup made the other miss its window (4 B all-reduce p50 140 us vs 20 us).
 // With more local ranks than cores the waiter yields between retries, so the
 // peer it waits for can run on this core without a sleep/wakeup round trip.
+// Otherwise it yields too once kPureSpin has passed: where another process
+// has taken a core, the peer may be waiting for this one (n=2 on 2 cores, a
+// 0.5 s CPU hog: 16 MiB all-reduces in the windows went from 2 to 12 ms).
 constexpr auto kSpin = std::chrono::microseconds(250);
 constexpr auto kYieldSpin = std::chrono::microseconds(200);
+constexpr auto kPureSpin = std::chrono::microseconds(20);
 // How long a failing rank may spend finishing half-sent messages so that its
 // abort frames reach the peers (all pairs together).
 constexpr auto kAbortGrace = std::chrono::milliseconds(200);
@@ -60,6 +64,10 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
 }
 
 Device::~Device() { close(); }
+
+void Device::spinPause(Clock::time_point since) const {
+  if (yield_ || Clock::now() - since > kPureSpin) std::this_thread::yield();
+}
 
 SharedWindows* Device::sharedWindows() const { return windows_.get(); }
 
@@ -163,13 +171,14 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   std::vector<Pair*> sendOnly;  // parallel to fds: pairs watched for control frames
   std::vector<std::pair<Pair*, size_t>> sleepers;  // ring pairs asleep in this poll, and their fds index
   size_t start = done.size();
-  const Deadline spinUntil = Clock::now() + spin_;
+  const Clock::time_point spinStart = Clock::now();
+  const Deadline spinUntil = spinStart + spin_;
   try {
     for (;;) {
       progressOnce(done);
       if (done.size() > start || pending_ == 0) break;
       if (Clock::now() < spinUntil) {
-        if (yield_) std::this_thread::yield();
+        spinPause(spinStart);
         continue;
       }
       fds.clear();

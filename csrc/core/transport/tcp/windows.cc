@@ -74,7 +74,8 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
                               const std::function<std::string()>& what) {
   device_.throwIfBroken();
   WindowControl& me = control(device_.rank_);
-  const Deadline spinUntil = Clock::now() + device_.spin_;
+  const Clock::time_point spinStart = Clock::now();
+  const Deadline spinUntil = spinStart + device_.spin_;
   for (uint32_t round = 1;; ++round) {
     if (ready()) return;
     // Backend::shutdown with this op in flight: fail now ("shut down"), as a
@@ -86,7 +87,7 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
     }
     if (round % 256 == 0) checkPeers(ready);
     if (now < spinUntil) {
-      if (device_.yield_) std::this_thread::yield();
+      device_.spinPause(spinStart);
       continue;
     }
     // Sleep on this rank's bell; a peer that publishes rings it (publish()).
