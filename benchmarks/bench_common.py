@@ -63,23 +63,31 @@ def run_ops(group, buf, k, algorithm=None):
     return ts
 
 
-def interleaved_medians(groups, buf, rounds, k):
-    """groups: {name: group, or (group, algorithm) for run_ops}. In each of
-    `rounds` rounds every group takes a turn: one untimed all-reduce of buf
-    (a re-warm after the other groups), then k timed. The turns run in a new order each round, alike on every
-    rank: the state one group leaves lasts into the next one's turn, and a
-    rotation keeps every group behind the same one (n=3, 64 KiB: two ring
-    groups, behind direct and behind tree, measured 151 and 167 us rotated,
-    138 and 139 us shuffled). Returns {name: its median turn's time per op,
-    max over ranks}, in seconds."""
-    names = list(groups)
+def interleaved(turns, rounds):
+    """turns: {name: fn() -> seconds per op of one timed turn}. In each of
+    `rounds` rounds every name takes a turn, in a new order each round,
+    alike on every rank: the state one turn leaves lasts into the next one,
+    and a rotation keeps every name behind the same one (n=3, 64 KiB: two
+    ring groups, behind direct and behind tree, measured 151 and 167 us
+    rotated, 138 and 139 us shuffled). Returns {name: its median turn's time
+    per op, max over ranks}, in seconds."""
+    names = list(turns)
     per_round = {n: [] for n in names}
     for rnd in range(rounds):
         order = list(names)
         random.Random(rnd).shuffle(order)
         for n in order:
-            group, algorithm = groups[n] if isinstance(groups[n], tuple) else (groups[n], None)
-            run_ops(group, buf, 1, algorithm)
-            ts = run_ops(group, buf, k, algorithm)
-            per_round[n].append((ts[-1] - ts[0]) / k)
+            per_round[n].append(turns[n]())
     return dict(zip(names, agreed_max(*[statistics.median(per_round[n]) for n in names])))
+
+
+def interleaved_medians(groups, buf, rounds, k):
+    """interleaved() over groups: {name: group, or (group, algorithm) for
+    run_ops}; a group's turn is one untimed all-reduce of buf (a re-warm
+    after the other groups), then k timed."""
+    def turn(group, algorithm=None):
+        run_ops(group, buf, 1, algorithm)
+        ts = run_ops(group, buf, k, algorithm)
+        return (ts[-1] - ts[0]) / k
+    return interleaved({n: (lambda g=g: turn(*g) if isinstance(g, tuple) else turn(g)) for n, g in groups.items()},
+                       rounds)

@@ -16,17 +16,15 @@ a dry run of the script; its times say nothing about a GPU.
 """
 import argparse
 import os
-import random
-import statistics
 import time
-from contextlib import contextmanager
 from datetime import timedelta
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 import torchcollx  # noqa: F401  registers the "collx" backend
-from bench_common import agreed_max, parse_size, run_ops
+from bench_common import agreed_max, interleaved, parse_size, run_ops
 
 # Staging settings timed beside the default, each on a group of its own
 # (collx reads them when a group is created).
@@ -36,22 +34,8 @@ SETTINGS = {
 }
 
 
-@contextmanager
-def env(values):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
-
-
 def collx_group(values):
-    with env(values):
+    with mock.patch.dict(os.environ, values):
         return dist.new_group(backend="collx")
 
 
@@ -109,18 +93,15 @@ def main():
         k = max(3, min(200, int(args.time_per_point / max(time.perf_counter() - t0, 1e-6))))
         k = int(agreed_max(k))
 
-        per_round = {name: [] for name in rows}
-        for rnd in range(args.rounds):
-            order = list(rows)
-            random.Random(rnd).shuffle(order)
-            for name in order:
-                rows[name]()  # re-warm after the other rows
-                dist.barrier()
-                t = time.perf_counter()
-                for _ in range(k):
-                    rows[name]()
-                per_round[name].append((time.perf_counter() - t) / k)
-        times = dict(zip(rows, agreed_max(*[statistics.median(per_round[r]) for r in rows])))
+        def turn(fn):
+            fn()  # re-warm after the other rows
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(k):
+                fn()
+            return (time.perf_counter() - t) / k
+
+        times = interleaved({name: (lambda fn=fn: turn(fn)) for name, fn in rows.items()}, args.rounds)
         if rank == 0:
             for name, t in times.items():
                 share = f"{times['cpu'] / t:8.2f}" if name != "copies" else f"{'':>8}"

@@ -65,8 +65,8 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
 
 Device::~Device() { close(); }
 
-void Device::spinPause(Clock::time_point since) const {
-  if (yield_ || Clock::now() - since > kPureSpin) std::this_thread::yield();
+void Device::spinPause(Clock::duration spun) const {
+  if (yield_ || spun > kPureSpin) std::this_thread::yield();
 }
 
 SharedWindows* Device::sharedWindows() const { return windows_.get(); }
@@ -177,8 +177,8 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
     for (;;) {
       progressOnce(done);
       if (done.size() > start || pending_ == 0) break;
-      if (Clock::now() < spinUntil) {
-        spinPause(spinStart);
+      if (const auto now = Clock::now(); now < spinUntil) {
+        spinPause(now - spinStart);
         continue;
       }
       fds.clear();

@@ -93,9 +93,9 @@ class Device : public Transport {
   size_t pending_ = 0;
   std::chrono::microseconds spin_{0};  // busy-poll budget per waitSome
   bool yield_ = false;                 // yield the core between busy polls from the start
-  // Between two busy polls begun at `since`: yields the core where yield_,
+  // Between two busy polls, `spun` into them: yields the core where yield_,
   // or once the pure spin has passed.
-  void spinPause(Clock::time_point since) const;
+  void spinPause(Clock::duration spun) const;
   std::set<uint64_t> cancelled_;  // collectives cancelled here (see Pair)
   std::string error_;  // sticky once set
   bool errorIsTimeout_ = false;

@@ -87,7 +87,7 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
     }
     if (round % 256 == 0) checkPeers(ready);
     if (now < spinUntil) {
-      device_.spinPause(spinStart);
+      device_.spinPause(now - spinStart);
       continue;
     }
     // Sleep on this rank's bell; a peer that publishes rings it (publish()).
