@@ -23,22 +23,16 @@ bool isFlat(Algorithm a) {
   return false;
 }
 
-// Whether auto's choice `a` may be replaced: a flat algorithm, or the
-// shared-memory all-reduce auto takes by rule, in one round up to
-// kShmOneRoundBytes (at n=2, 4 KiB, it ran 1.16-1.21x direct in three
-// benchmark runs of seven, 0.99-1.01x in the others) and in the windows from
-// kShmMinBytes (at n=2, 1 MiB, ring over the shared-memory rings ran 7-9%
-// faster in every run).
-bool refinable(Algorithm a) { return isFlat(a) || a == Algorithm::kShm; }
+// Whether auto's choice `a` at `bytes` may be replaced: a flat algorithm,
+// or the shared-memory windows auto takes by rule from kShmMinBytes (at n=2,
+// 1 MiB, ring over the shared-memory rings ran 7-9% faster in every run).
+// Not the one-round all-reduce of small ops: refined too, it lost 1.34x and
+// 1.45x at n=4 and 3 (1 KiB, 16 B), where the rule had stayed within 1.06x.
+bool refinable(const Collective& c, Algorithm a, size_t bytes) {
+  return isFlat(a) || (a == Algorithm::kShm && useSharedWindows(c.transport, bytes));
+}
 
 size_t classOf(size_t bytes) { return size_t(1) << (63 - __builtin_clzll(bytes)); }
-
-// A class is tried from one kind of choice: in the 4 KiB class over shared
-// memory, auto takes the one-round all-reduce at 4096 B by rule and a flat
-// algorithm above it; each has a trial of its own.
-std::pair<size_t, bool> keyOf(size_t bytes, Algorithm choice) {
-  return {classOf(bytes), choice == Algorithm::kShm};
-}
 
 std::string tenths(double us) {
   char out[32];
@@ -112,10 +106,10 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
 
 Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   pending_ = nullptr;
-  if (c.size() < 2 || bytes == 0 || !refinable(choice)) return choice;
+  if (c.size() < 2 || bytes == 0 || !refinable(c, choice, bytes)) return choice;
   const size_t cls = classOf(bytes);
   std::unique_lock<std::mutex> lock(mu_);
-  auto [it, isNew] = classes_.try_emplace(keyOf(bytes, choice));
+  auto [it, isNew] = classes_.try_emplace(cls);
   Class& k = it->second;
   if (isNew) k = fresh(c, bytes, choice);
   if (k.count < 2) return choice;
@@ -229,21 +223,23 @@ void Refiner::ran(double us) {
 }
 
 Algorithm Refiner::kept(size_t bytes, Algorithm choice) const {
-  if (bytes == 0 || !refinable(choice)) return choice;
+  if (bytes == 0 || !(isFlat(choice) || choice == Algorithm::kShm)) return choice;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = classes_.find(keyOf(bytes, choice));
-  return it == classes_.end() || it->second.kept < 0 ? choice : it->second.candidate[it->second.kept];
+  auto it = classes_.find(classOf(bytes));
+  if (it == classes_.end() || it->second.kept < 0) return choice;
+  // A class answers for the kind of choice it was tried from: in the 4 KiB
+  // class over shared memory, auto takes the one-round all-reduce at 4096 B
+  // by rule, and refines a flat choice above it.
+  const Class& k = it->second;
+  return (choice == Algorithm::kShm) == (k.candidate[0] == Algorithm::kShm) ? k.candidate[k.kept] : choice;
 }
 
 bool Refiner::trying(size_t bytes) const {
   if (bytes == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  for (bool shm : {false, true}) {
-    auto it = classes_.find({classOf(bytes), shm});
-    const Class* k = it == classes_.end() ? nullptr : &it->second;
-    if (k && k->count >= 2 && (k->kept < 0 || k->checkOps > 0 || k->doubted)) return true;
-  }
-  return false;
+  auto it = classes_.find(classOf(bytes));
+  const Class* k = it == classes_.end() ? nullptr : &it->second;
+  return k && k->count >= 2 && (k->kept < 0 || k->checkOps > 0 || k->doubted);
 }
 
 int Refiner::blockFor(double us) { return us <= 1000 ? kMaxBlock : us <= 4000 ? kMaxBlock / 2 : kMaxBlock / 4; }
@@ -291,8 +287,8 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
 std::string Refiner::describe() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  for (const auto& [key, k] : classes_) {
-    if (k.count >= 2) out += (out.empty() ? "" : "; ") + describe(key.first, k);
+  for (const auto& [bytes, k] : classes_) {
+    if (k.count >= 2) out += (out.empty() ? "" : "; ") + describe(bytes, k);
   }
   return out;
 }

@@ -117,13 +117,13 @@
 // Every rank sees the group's ops in the same order with the same sizes, so
 // every rank runs the same trials, agrees at the same ops and keeps the same
 // algorithm: no rank decides on its own clock alone. The hierarchical
-// all-reduce, which auto takes by rule, is left as it is. Where auto takes
-// the shared-memory all-reduce by rule (up to 4 KiB in one round, from 64
-// KiB in the windows), it is the first candidate, before the model's choice:
-// at n=2, 4 KiB, the one round ran 1.16-1.21x direct in three benchmark runs
-// of seven; at 1 MiB, ring over the shared-memory rings ran 7-9% faster than
-// the windows, in every run. A size class tried from that rule and one tried
-// from a flat choice are apart (at 4 KiB: 4096 B and above it). Between the one-round
+// all-reduce, which auto takes by rule, is left as it is, and so is the
+// one-round shared-memory all-reduce of small ops (tried too, it lost 1.34x
+// and 1.45x at n=4 and 3 on 2 cores, where the rule stayed within 1.06x).
+// Where auto takes the shared-memory windows by rule (from 64 KiB), they
+// are the first candidate, before the model's choice: at n=2, 1 MiB, ring
+// over the shared-memory rings ran 7-9% faster than the windows, in every
+// run. Between the one-round
 // sizes and 64 KiB, where auto takes the model's flat choice over shared
 // memory, the windows are the last candidate: at n=4, 16 KiB, they ran
 // 1.15-1.46x faster than the model's choice.
@@ -135,7 +135,6 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "algorithms.h"
@@ -171,7 +170,7 @@ class Refiner {
   // What the class of `bytes` runs now, where it was tried from a choice
   // of `choice`'s kind (shm or flat), else `choice` (no ops run).
   Algorithm kept(size_t bytes, Algorithm choice) const;
-  // Whether a class of `bytes` is in the middle of a trial or its check,
+  // Whether the class of `bytes` is in the middle of a trial or its check,
   // or awaits its second trial.
   bool trying(size_t bytes) const;
   // B for a class whose model's choice is predicted at `us` per op, and
@@ -246,7 +245,7 @@ class Refiner {
   static std::string describe(size_t bytes, const Class& k);
 
   mutable std::mutex mu_;  // describe() may run in another thread than the ops
-  std::map<std::pair<size_t, bool>, Class> classes_;  // by keyOf: size class, tried from shm
+  std::map<size_t, Class> classes_;
   Block* pending_ = nullptr;  // where ran() puts the time of the running op
   uint64_t agreements_ = 0;
   bool stale_ = false;
