@@ -99,14 +99,15 @@
 //                            kConfirmOps ops), then the same candidates are
 //                            tried again, and each keeps the lower of its
 //                            two agreed times: a spell only slows ops down.
-//                            (n=2, 64 MiB on shared memory, 2 cores: the
+//                            (n=2, 64 MiB on shared memory, 2 cores: a
 //                            spell made the windows, ring, tree and star
-//                            3-4x slower than the model's 7-8 ms, direct
-//                            3x, and it passed within seconds; outside
-//                            spells the fastest ran within 1.2-1.6x of
-//                            the model.) A second trial is not doubted
-//                            again, so a model fitted too fast costs one
-//                            trial per class
+//                            take 31-38 ms an op, against 8-9 outside it,
+//                            and passed within seconds, where the model
+//                            puts them at 7-8 ms; outside spells the
+//                            fastest ran within 1.2-1.6x of the model.) A
+//                            second trial is not doubted again, so a model
+//                            fitted too fast costs one more trial per
+//                            class
 //
 // The agreed times also check the model: where it predicted the model's
 // choice kStaleRatio times slower than the group measured, the tuning was
