@@ -318,8 +318,8 @@ void testKeptChoiceMustKeepItsPace() {
       const Algorithm settled = ringHeld < 100 ? Algorithm::kRing : Algorithm::kDirect;
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == settled && !refiner.trying(kClose), "rank ", r,
             " did not settle on ", name(settled));
-      CHECK(line == (ringHeld < 100 ? "refined: 256 KiB: ring (15.0 us) over direct (100.0 us sustained)"
-                                    : "refined: 256 KiB: direct (100.0 us) over ring (150.0 us sustained)"),
+      CHECK(line == (ringHeld < 100 ? "refined: 256 KiB: ring (15.0 us) over direct (100.0 us sustained, 10.0 in the trial)"
+                                    : "refined: 256 KiB: direct (100.0 us) over ring (150.0 us sustained, 15.0 in the trial)"),
             line);
     }
   });

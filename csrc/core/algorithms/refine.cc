@@ -177,6 +177,7 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
     }
   }
   k.doubted = !k.second && k.agreedUs[best] > kSpellRatio * k.predictedUs;
+  std::copy(std::begin(k.agreedUs), std::end(k.agreedUs), k.trialUs);
   k.kept = best;
   k.checkOps = checkOpsFor(k.agreedUs[best]);
   const int model = k.candidate[0] == Algorithm::kShm ? 1 : 0;  // the model's choice
@@ -271,7 +272,8 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
                k.checkOps, " ops");
   }
   auto timed = [&](int i) {
-    return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), i != k.kept && k.checked[i] ? " us sustained)" : " us)");
+    if (i == k.kept || !k.checked[i]) return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)");
+    return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us sustained, ", tenths(k.trialUs[i]), " in the trial)");
   };
   std::string out = str("refined: ", sizeName(bytes), ": ", timed(k.kept), " over ");
   for (int i = 0, listed = 0; i < k.count; ++i) {

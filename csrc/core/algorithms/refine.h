@@ -225,6 +225,7 @@ class Refiner {
     Block trial[kMax][kMaxRounds];  // this rank's counted times per candidate and round
     double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
     bool checked[kMax] = {};       // agreedUs[i] comes from a check
+    double trialUs[kMax] = {};     // the trial's agreed times, for the log
     int kept = -1;                 // the index kept, once the trial agreed
     int checkOps = 0;              // C while the kept one is being checked, else 0
     int checkRuns = 0;
