@@ -46,6 +46,11 @@ std::string sizeName(size_t bytes) {
   return str(bytes, " B");
 }
 
+// How many ops of `us` each fit in `budgetUs`: at least 1, at most `most`.
+uint64_t opsWithin(double budgetUs, double us, uint64_t most) {
+  return us * double(most) <= budgetUs ? most : std::max<uint64_t>(1, uint64_t(budgetUs / us));
+}
+
 // The lower median of the typical op times of `n` blocks (those with ops):
 // the lowest of two, the second lowest of three or four, and so on.
 double lowerMedian(const Refiner::Block* b, int n) {
@@ -254,13 +259,9 @@ int Refiner::checkOpsFor(double us) {
   return us * kMost <= kCheckUs ? kMost : std::max(kFewest, int(kCheckUs / us + 0.5));
 }
 
-uint64_t Refiner::recheckOpsFor(double us) {
-  return us * double(kRecheckOps) <= kRecheckUs ? kRecheckOps : std::max<uint64_t>(1, uint64_t(kRecheckUs / us));
-}
+uint64_t Refiner::recheckOpsFor(double us) { return opsWithin(kRecheckUs, us, kRecheckOps); }
 
-uint64_t Refiner::confirmOpsFor(double us) {
-  return std::clamp<uint64_t>(uint64_t(kConfirmUs / us), 1, kConfirmOps);
-}
+uint64_t Refiner::confirmOpsFor(double us) { return opsWithin(kConfirmUs, us, kConfirmOps); }
 
 std::string Refiner::describe(size_t bytes, const Class& k) {
   if (k.kept < 0) {
