@@ -243,6 +243,10 @@ Algorithm CollxBackend::autoAllreduce(size_t bytes) const {
   return refiner_.kept(bytes, resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes));
 }
 
+bool CollxBackend::refining(size_t bytes) const {
+  return refiner_.trying(bytes, resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes));
+}
+
 std::string CollxBackend::describeTuning() const {
   const std::string refined = refiner_.describe();
   return tuning_.describe(size_, config_.treeArity) + (refined.empty() ? "" : "; " + refined);

@@ -143,7 +143,7 @@ class CollxBackend : public c10d::Backend {
   std::vector<int> hosts() const;
   Algorithm autoAllreduce(size_t bytes) const;
   // Whether online refinement is still trying algorithms for `bytes`.
-  bool refining(size_t bytes) const { return refiner_.trying(bytes); }
+  bool refining(size_t bytes) const;
   const Tuning& tuning() const { return tuning_; }
   // The model's constants and crossovers, then what online refinement kept.
   std::string describeTuning() const;

@@ -8,7 +8,8 @@
 // once more within seconds; algorithms far off but cheap to try are tried; a class of
 // slow ops runs shorter blocks and fewer rounds, one of cheap ops the most
 // rounds, judged by each candidate's lower median block; the shared-memory windows are a
-// candidate where auto takes them, and below them over shared memory; a model far slower than the measured times
+// candidate where auto takes them, and below them over shared memory; the one-round
+// shared-memory all-reduce is tried against direct alone; a model far slower than the measured times
 // is said stale, once; and the real all-reduce path stays correct through it.
 #include <cstdio>
 #include <cstring>
@@ -73,7 +74,7 @@ int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expe
     CHECK(a == expect, "check op ", ops, ": ", name(a), ", not ", name(expect));
     refiner.ran(us);
     ++ops;
-  } while (refiner.trying(bytes));
+  } while (refiner.trying(bytes, choice));
   return ops;
 }
 
@@ -131,7 +132,7 @@ void testAgreementOverrulesOneClock() {
       CHECK(refiner.kept(kClose, Algorithm::kDirect) == Algorithm::kDirect, "nothing kept during the trial");
     }
     // Its check: ring runs on at its trial's pace on every rank, and holds.
-    CHECK(line.empty() && refiner.trying(kClose), "settled before the check");
+    CHECK(line.empty() && refiner.trying(kClose, Algorithm::kDirect), "settled before the check");
     CHECK(runCheck(refiner, c, kClose, Algorithm::kRing, r == 0 ? 20.0 : 15.0) == Refiner::checkOpsFor(16.7) + 1,
           "rank ", r, ": not one check of ring");
     CHECK(refiner.kept(kClose + 1000, Algorithm::kDirect) == Algorithm::kRing, "the class keeps ring");
@@ -198,14 +199,14 @@ void testSlowClassesTryLess() {
       CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
       refiner.ran(trialAlgorithm(i, block) == Algorithm::kRing ? 20000.0 : 50000.0);
       if (i == 4) CHECK(refiner.describe() == "refining: 16 MiB: 5 of 16 ops", refiner.describe());
-      CHECK(refiner.trying(kBig), "op ", i, " is in the trial");
+      CHECK(refiner.trying(kBig, Algorithm::kDirect), "op ", i, " is in the trial");
     }
     CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " did not keep ring");
     refiner.ran(20000.0);
     CHECK(refiner.describe() == "refining: 16 MiB: checking ring, 1 of 8 ops", refiner.describe());
     CHECK(runCheck(refiner, c, kBig, Algorithm::kRing, 20000.0) == 8, "rank ", r, ": not 8 check ops");
     CHECK(line == "refined: 16 MiB: ring (20000.0 us) over direct (50000.0 us)", line);
-    CHECK(!refiner.trying(kBig) && !refiner.trying(8), "no trial after settling, nor at 8 B");
+    CHECK(!refiner.trying(kBig, Algorithm::kDirect) && !refiner.trying(8, Algorithm::kDirect), "no trial after settling, nor at 8 B");
     // Kept for a minute of its agreed time, 3000 ops of 20 ms, not for
     // kRecheckOps: then a new trial.
     const uint64_t recheck = Refiner::recheckOpsFor(20000.0);
@@ -213,7 +214,7 @@ void testSlowClassesTryLess() {
     for (uint64_t i = 1; i < recheck; ++i) {
       CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
     }
-    CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect && refiner.trying(kBig),
+    CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect && refiner.trying(kBig, Algorithm::kDirect),
           "rank ", r, ": no new trial after ", recheck, " ops");
   });
 }
@@ -252,7 +253,7 @@ void testTrialFarSlowerThanTheModelIsTriedAgain() {
       CHECK(line == str("refined: 16 MiB: ring (50000.0 us) over direct (80000.0 us); over 2.5x the model's ", model,
                         " us: tried again after 100 ops"),
             line);
-      CHECK(refiner.trying(kBig), "rank ", r, ": a doubted class has not settled");
+      CHECK(refiner.trying(kBig, Algorithm::kDirect), "rank ", r, ": a doubted class has not settled");
       for (uint64_t i = 1; i < confirm; ++i) {
         CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
         refiner.ran(50000.0);
@@ -265,7 +266,7 @@ void testTrialFarSlowerThanTheModelIsTriedAgain() {
       CHECK(line == (passed ? "refined: 16 MiB: direct (9000.0 us) over ring (15000.0 us)"
                             : "refined: 16 MiB: ring (50000.0 us) over direct (80000.0 us)"),
             "rank ", r, ": ", line);
-      CHECK(!refiner.trying(kBig), "rank ", r, ": the second trial was doubted too");
+      CHECK(!refiner.trying(kBig, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
     }
   });
 }
@@ -316,7 +317,7 @@ void testKeptChoiceMustKeepItsPace() {
         refiner.ran(ringHeld);
       }
       const Algorithm settled = ringHeld < 100 ? Algorithm::kRing : Algorithm::kDirect;
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == settled && !refiner.trying(kClose), "rank ", r,
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == settled && !refiner.trying(kClose, Algorithm::kDirect), "rank ", r,
             " did not settle on ", name(settled));
       CHECK(line == (ringHeld < 100 ? "refined: 256 KiB: ring (15.0 us) over direct (100.0 us sustained, 10.0 in the trial)"
                                     : "refined: 256 KiB: direct (100.0 us) over ring (150.0 us sustained, 15.0 in the trial)"),
@@ -374,7 +375,7 @@ void testCheapClassesTryInMoreRounds() {
       const Algorithm a = refiner.choose(c, kCheap, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       refiner.ran(a == Algorithm::kRing ? 22.0 : i < 4 * block ? 48.0 : 20.0);
-      CHECK(refiner.trying(kCheap), "op ", i, " is in the trial");
+      CHECK(refiner.trying(kCheap, Algorithm::kDirect), "op ", i, " is in the trial");
     }
     runCheck(refiner, c, kCheap, Algorithm::kDirect, 20.0);
     CHECK(line == "refined: 8 KiB: direct (20.0 us) over ring (22.0 us)", line);
@@ -383,8 +384,7 @@ void testCheapClassesTryInMoreRounds() {
 
 // Over shared memory, from 64 KiB, auto takes the windows by rule: the
 // trial runs them first, then the model's choice (direct) and ring. Ring,
-// the fastest, is kept; below 64 KiB, where auto takes the one-round
-// shared-memory all-reduce, nothing is tried.
+// the fastest, is kept.
 void testSharedWindowsAreACandidate() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose);
@@ -398,19 +398,48 @@ void testSharedWindowsAreACandidate() {
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0, Algorithm::kShm);
     CHECK(line == "refined: 256 KiB: ring (10.0 us) over shm (12.0 us), direct (25.0 us)", line);
     CHECK(refiner.kept(kClose, Algorithm::kShm) == Algorithm::kRing, "rank ", r, ": ring not kept");
-    for (int i = 0; i < 100; ++i) {
-      CHECK(refiner.choose(c, 1024, Algorithm::kShm) == Algorithm::kShm && !refiner.trying(1024), "a trial at 1 KiB");
+  });
+}
+
+// Up to 4096 B over shared memory, where auto takes the one-round
+// all-reduce by rule, it is tried against direct alone (ring, the fastest
+// here, is no candidate), and direct kept where it is faster. The 4 KiB
+// class holds two apart: at 4096 B the one round's, above it the flat
+// choice's, each with its own trial and kept choice.
+void testOneRoundIsTriedAgainstDirect() {
+  const Tuning t = closeModel();
+  test::Group g(kRanks, test::over(shm::Mode::kShm));
+  test::runRanks(kRanks, [&](int r) {
+    Ranked k(*g.devices[r], t);
+    auto& [ws, refiner, line, c] = k;
+    // Below kSpellRatio times the model's time, so that no second trial follows.
+    const double direct = 2.0 * predictAllreduceUs(t, Algorithm::kDirect, kRanks, 2, 1024);
+    auto us = [&](Algorithm a) { return a == Algorithm::kDirect ? direct : a == Algorithm::kShm ? 1.2 * direct : 0.1; };
+    const int block = Refiner::blockFor(direct / 2), rounds = Refiner::roundsFor(direct / 2 * block);
+    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+      const Algorithm a = refiner.choose(c, 1024, Algorithm::kShm);
+      CHECK(a == (i / block % 2 == 0 ? Algorithm::kShm : Algorithm::kDirect), "rank ", r, " trial op ", i, ": ", name(a));
+      refiner.ran(us(a));
     }
-    // The 4 KiB class: above 4096 B auto's flat choice is tried and ring
-    // kept; at 4096 B the one-round all-reduce stays, in kept() too.
+    runCheck(refiner, c, 1024, Algorithm::kDirect, direct, Algorithm::kShm);
+    CHECK(line.rfind("refined: 1 KiB in one round: direct (", 0) == 0 && line.find("over shm (") != std::string::npos,
+          line);
+    CHECK(refiner.kept(1024, Algorithm::kShm) == Algorithm::kDirect, "rank ", r, ": direct not kept at 1 KiB");
+
+    // Above 4096 B auto's flat choice is tried and ring kept; 4096 B then
+    // starts a trial of its own, from the one round.
     int ops = 0;
     do {
       refiner.ran(refiner.choose(c, 5000, Algorithm::kDirect) == Algorithm::kRing ? 1.0 : 9.0);
-    } while (refiner.trying(5000) && ++ops < 20000);
+    } while (refiner.trying(5000, Algorithm::kDirect) && ++ops < 20000);
     CHECK(refiner.kept(5000, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, ": ring not kept at 5000 B");
-    CHECK(refiner.choose(c, 4096, Algorithm::kShm) == Algorithm::kShm, "rank ", r, ": 4096 B did not run shm");
-    CHECK(refiner.kept(4096, Algorithm::kShm) == Algorithm::kShm, "rank ", r, ": kept() says ",
-          name(refiner.kept(4096, Algorithm::kShm)), " at 4096 B");
+    CHECK(refiner.kept(4096, Algorithm::kShm) == Algorithm::kShm && !refiner.trying(4096, Algorithm::kShm), "rank ", r,
+          ": the one round's 4 KiB class has run before its first op");
+    CHECK(refiner.choose(c, 4096, Algorithm::kShm) == Algorithm::kShm && refiner.trying(4096, Algorithm::kShm), "rank ",
+          r, ": 4096 B did not start the one round's trial");
+    refiner.ran(1.0);
+    CHECK(refiner.kept(5000, Algorithm::kDirect) == Algorithm::kRing && !refiner.trying(5000, Algorithm::kDirect),
+          "rank ", r, ": the flat 4 KiB class was disturbed");
   });
 }
 
@@ -469,7 +498,7 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
     // below them), two checks at most, then six settled ops.
     const int candidates = mode == shm::Mode::kShm && close < (64 << 10) ? 3 : 2;
     const int most = trialOps(candidates, block, roundsAt(t, close)) + 2 * Refiner::checkOpsFor(0);
-    while ((i == 0 || refiner.trying(close)) && i < most) op(i++);
+    while ((i == 0 || refiner.trying(close, Algorithm::kDirect)) && i < most) op(i++);
     settledAt[r] = i;
     for (int more = 0; more < 6; ++more) op(i++);
   });
@@ -491,6 +520,7 @@ int main() {
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
   testSharedWindowsAreACandidate();
+  testOneRoundIsTriedAgainstDirect();
   testSharedWindowsJoinBelowTheirRule();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.

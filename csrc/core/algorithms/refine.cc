@@ -23,16 +23,20 @@ bool isFlat(Algorithm a) {
   return false;
 }
 
-// Whether auto's choice `a` at `bytes` may be replaced: a flat algorithm,
-// or the shared-memory windows auto takes by rule from kShmMinBytes (at n=2,
-// 1 MiB, ring over the shared-memory rings ran 7-9% faster in every run).
-// Not the one-round all-reduce of small ops: refined too, it lost 1.34x and
-// 1.45x at n=4 and 3 (1 KiB, 16 B), where the rule had stayed within 1.06x.
-bool refinable(const Collective& c, Algorithm a, size_t bytes) {
-  return isFlat(a) || (a == Algorithm::kShm && useSharedWindows(c.transport, bytes));
-}
+// Whether auto's choice `a` may be replaced: a flat algorithm, or the
+// shared-memory all-reduce auto takes by rule (refine.h).
+bool refinable(Algorithm a) { return isFlat(a) || a == Algorithm::kShm; }
+
+// Whether auto's choice `a` at `bytes` is the one-round shared-memory
+// all-reduce (auto takes it by rule up to kShmOneRoundBytes).
+bool oneRound(Algorithm a, size_t bytes) { return a == Algorithm::kShm && bytes <= kShmOneRoundBytes; }
 
 size_t classOf(size_t bytes) { return size_t(1) << (63 - __builtin_clzll(bytes)); }
+
+// A class is tried from one kind of choice: in the 4 KiB class over shared
+// memory, auto takes the one-round all-reduce at 4096 B by rule and a flat
+// algorithm above it, and each has a trial of its own.
+std::pair<size_t, bool> keyOf(size_t bytes, Algorithm choice) { return {classOf(bytes), oneRound(choice, bytes)}; }
 
 std::string tenths(double us) {
   char out[32];
@@ -84,6 +88,16 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
   // than the model's direct or ring, and slower at n=2.
   Class k;
   const Tuning& t = c.costs();
+  if (oneRound(choice, bytes)) {  // against direct alone (refine.h)
+    k.candidate[k.count++] = choice;
+    k.candidate[k.count++] = Algorithm::kDirect;
+    k.predictedUs = predictAllreduceUs(t, Algorithm::kDirect, c.size(), c.treeArity, bytes);
+    k.block = blockFor(k.predictedUs);
+    k.rounds = roundsFor(k.predictedUs * k.block);
+    for (int i = 0; i < k.count; ++i) k.active[i] = i;
+    k.activeCount = k.count;
+    return k;
+  }
   if (choice == Algorithm::kShm) {
     k.candidate[k.count++] = choice;
     choice = chooseAllreduce(t, c.size(), c.treeArity, bytes);
@@ -111,10 +125,10 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
 
 Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   pending_ = nullptr;
-  if (c.size() < 2 || bytes == 0 || !refinable(c, choice, bytes)) return choice;
+  if (c.size() < 2 || bytes == 0 || !refinable(choice)) return choice;
   const size_t cls = classOf(bytes);
   std::unique_lock<std::mutex> lock(mu_);
-  auto [it, isNew] = classes_.try_emplace(cls);
+  auto [it, isNew] = classes_.try_emplace(keyOf(bytes, choice));
   Class& k = it->second;
   if (isNew) k = fresh(c, bytes, choice);
   if (k.count < 2) return choice;
@@ -229,21 +243,16 @@ void Refiner::ran(double us) {
 }
 
 Algorithm Refiner::kept(size_t bytes, Algorithm choice) const {
-  if (bytes == 0 || !(isFlat(choice) || choice == Algorithm::kShm)) return choice;
+  if (bytes == 0 || !refinable(choice)) return choice;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = classes_.find(classOf(bytes));
-  if (it == classes_.end() || it->second.kept < 0) return choice;
-  // A class answers for the kind of choice it was tried from: in the 4 KiB
-  // class over shared memory, auto takes the one-round all-reduce at 4096 B
-  // by rule, and refines a flat choice above it.
-  const Class& k = it->second;
-  return (choice == Algorithm::kShm) == (k.candidate[0] == Algorithm::kShm) ? k.candidate[k.kept] : choice;
+  auto it = classes_.find(keyOf(bytes, choice));
+  return it == classes_.end() || it->second.kept < 0 ? choice : it->second.candidate[it->second.kept];
 }
 
-bool Refiner::trying(size_t bytes) const {
+bool Refiner::trying(size_t bytes, Algorithm choice) const {
   if (bytes == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = classes_.find(classOf(bytes));
+  auto it = classes_.find(keyOf(bytes, choice));
   const Class* k = it == classes_.end() ? nullptr : &it->second;
   return k && k->count >= 2 && (k->kept < 0 || k->checkOps > 0 || k->doubted);
 }
@@ -264,19 +273,20 @@ uint64_t Refiner::recheckOpsFor(double us) { return opsWithin(kRecheckUs, us, kR
 uint64_t Refiner::confirmOpsFor(double us) { return opsWithin(kConfirmUs, us, kConfirmOps); }
 
 std::string Refiner::describe(size_t bytes, const Class& k) {
+  const std::string size = sizeName(bytes) + (oneRound(k.candidate[0], bytes) ? " in one round" : "");
   if (k.kept < 0) {
     const int planned = k.runs - k.roundRuns + k.activeCount * k.block * (k.rounds - k.round);
-    return str("refining: ", sizeName(bytes), ": ", k.runs, " of ", planned, " ops");
+    return str("refining: ", size, ": ", k.runs, " of ", planned, " ops");
   }
   if (k.checkOps > 0) {
-    return str("refining: ", sizeName(bytes), ": checking ", name(k.candidate[k.kept]), ", ", k.checkRuns, " of ",
+    return str("refining: ", size, ": checking ", name(k.candidate[k.kept]), ", ", k.checkRuns, " of ",
                k.checkOps, " ops");
   }
   auto timed = [&](int i) {
     if (i == k.kept || !k.checked[i]) return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)");
     return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us sustained, ", tenths(k.trialUs[i]), " in the trial)");
   };
-  std::string out = str("refined: ", sizeName(bytes), ": ", timed(k.kept), " over ");
+  std::string out = str("refined: ", size, ": ", timed(k.kept), " over ");
   for (int i = 0, listed = 0; i < k.count; ++i) {
     if (i != k.kept) out += (listed++ ? ", " : "") + timed(i);
   }
@@ -290,8 +300,8 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
 std::string Refiner::describe() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  for (const auto& [bytes, k] : classes_) {
-    if (k.count >= 2) out += (out.empty() ? "" : "; ") + describe(bytes, k);
+  for (const auto& [key, k] : classes_) {
+    if (k.count >= 2) out += (out.empty() ? "" : "; ") + describe(key.first, k);
   }
   return out;
 }

@@ -118,16 +118,21 @@
 // Every rank sees the group's ops in the same order with the same sizes, so
 // every rank runs the same trials, agrees at the same ops and keeps the same
 // algorithm: no rank decides on its own clock alone. The hierarchical
-// all-reduce, which auto takes by rule, is left as it is, and so is the
-// one-round shared-memory all-reduce of small ops (tried too, it lost 1.34x
-// and 1.45x at n=4 and 3 on 2 cores, where the rule stayed within 1.06x).
-// Where auto takes the shared-memory windows by rule (from 64 KiB), they
-// are the first candidate, before the model's choice: at n=2, 1 MiB, ring
-// over the shared-memory rings ran 7-9% faster than the windows, in every
-// run. Between the one-round
-// sizes and 64 KiB, where auto takes the model's flat choice over shared
-// memory, the windows are the last candidate: at n=4, 16 KiB, they ran
-// 1.15-1.46x faster than the model's choice.
+// all-reduce, which auto takes by rule, is left as it is. The one-round
+// shared-memory all-reduce of small ops (up to kShmOneRoundBytes) is tried
+// against direct alone, the same one round over the rings: at n=2, 4096 B,
+// it ran 1.16-1.21x direct in some benchmark runs and 1.0x in others, and at
+// n=3 and 4 0.91-0.98x. Tried against every flat algorithm, it lost 1.34x
+// and 1.45x at n=4 and 3 on 2 cores (1 KiB, 16 B: star kept, fast in its
+// trial only), where the rule stayed within 1.06x. Its classes are apart
+// from the flat ones (auto takes a flat algorithm above 4096 B in the 4 KiB
+// class). Where auto takes the shared-memory windows by rule (from 64 KiB),
+// they are the first candidate, before the model's choice: at n=2, 1 MiB,
+// ring over the shared-memory rings ran 7-9% faster than the windows, in
+// every run. Between the one-round sizes and 64 KiB, where auto takes the
+// model's flat choice over shared memory, the windows are the last
+// candidate: at n=4, 16 KiB, they ran 1.15-1.46x faster than the model's
+// choice.
 #pragma once
 
 #include <cstdint>
@@ -136,6 +141,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algorithms.h"
@@ -169,11 +175,12 @@ class Refiner {
   // The time the op just chosen took on this rank.
   void ran(double us);
   // What the class of `bytes` runs now, where it was tried from a choice
-  // of `choice`'s kind (shm or flat), else `choice` (no ops run).
+  // of `choice`'s kind (the one-round all-reduce or not), else `choice` (no
+  // ops run).
   Algorithm kept(size_t bytes, Algorithm choice) const;
-  // Whether the class of `bytes` is in the middle of a trial or its check,
-  // or awaits its second trial.
-  bool trying(size_t bytes) const;
+  // Whether the class of `bytes`, tried from a choice of `choice`'s kind, is
+  // in the middle of a trial or its check, or awaits its second trial.
+  bool trying(size_t bytes, Algorithm choice) const;
   // B for a class whose model's choice is predicted at `us` per op, and
   // how many ops at the start of a block go uncounted.
   static int blockFor(double us);
@@ -247,7 +254,7 @@ class Refiner {
   static std::string describe(size_t bytes, const Class& k);
 
   mutable std::mutex mu_;  // describe() may run in another thread than the ops
-  std::map<size_t, Class> classes_;
+  std::map<std::pair<size_t, bool>, Class> classes_;  // by keyOf (refine.cc): the class, one round or not
   Block* pending_ = nullptr;  // where ran() puts the time of the running op
   uint64_t agreements_ = 0;
   bool stale_ = false;
