@@ -2,7 +2,8 @@
 // keep the algorithm the group's summed times favour, even where one rank's
 // own clock says otherwise; trials take turns in blocks alike on every rank,
 // and drop a candidate far behind after a round; a kept choice that does not
-// keep up its trial's pace gives way to the next best; classes the model
+// keep up its trial's pace gives way to the next best, unless a second look
+// at it finds it the faster after all; classes the model
 // finds clear-cut run no trial; a settled choice is re-tried after
 // kRecheckOps, or a minute of its ops, and a trial far slower than the model
 // once more within seconds; algorithms far off but cheap to try are tried; a class of
@@ -293,35 +294,46 @@ void testThreeCandidates() {
 }
 
 // The trial keeps direct (10 us to ring's 15), but run on, direct takes 100
-// us: the class switches to ring and checks it. Where ring keeps its pace
-// the class settles on it; where ring slows to 150 us, back to direct,
-// which was checked already: it settles on direct after two checks.
+// us: the class switches to ring and checks it, then looks at direct once
+// more, and keeps the lower of the two checked:
+//   ring holds 15, direct 100 again (a burst in the trial): ring;
+//   ring holds 15, direct back at 10 (a spell in its first check): direct;
+//   ring slows to 150, direct 100 again: direct.
 void testKeptChoiceMustKeepItsPace() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
-    for (double ringHeld : {15.0, 150.0}) {
+    struct Case {
+      double ringHeld, directAgain;
+      Algorithm settled;
+      const char* line;
+    };
+    for (const Case& x : {
+             Case{15.0, 100.0, Algorithm::kRing, "refined: 256 KiB: ring (15.0 us) over direct (100.0 us sustained, 10.0 in the trial)"},
+             Case{15.0, 10.0, Algorithm::kDirect, "refined: 256 KiB: direct (10.0 us) over ring (15.0 us sustained, 15.0 in the trial)"},
+             Case{150.0, 100.0, Algorithm::kDirect, "refined: 256 KiB: direct (100.0 us) over ring (150.0 us sustained, 15.0 in the trial)"},
+         }) {
       Ranked k(*g.devices[r], t);
       auto& [ws, refiner, line, c] = k;
       for (int i = 0; i < trialOps(2, block, rounds); ++i) {
         CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
         refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 15.0);
       }
-      for (int i = 0; i < Refiner::checkOpsFor(10); ++i) {  // the first ends the trial
-        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kDirect, "rank ", r, " direct's check op ", i);
-        refiner.ran(100.0);
+      // The first op of each check ends the trial or the check before it.
+      const std::pair<Algorithm, double> checks[] = {
+          {Algorithm::kDirect, 100.0}, {Algorithm::kRing, x.ringHeld}, {Algorithm::kDirect, x.directAgain}};
+      const int ops[] = {Refiner::checkOpsFor(10), Refiner::checkOpsFor(15), Refiner::checkOpsFor(100)};
+      for (int j = 0; j < 3; ++j) {
+        for (int i = 0; i < ops[j]; ++i) {
+          const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+          CHECK(a == checks[j].first, "rank ", r, " check ", j, " op ", i, ": ", name(a));
+          refiner.ran(checks[j].second);
+        }
       }
-      for (int i = 0; i < Refiner::checkOpsFor(15); ++i) {  // the first ends direct's check
-        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " ring's check op ", i);
-        refiner.ran(ringHeld);
-      }
-      const Algorithm settled = ringHeld < 100 ? Algorithm::kRing : Algorithm::kDirect;
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == settled && !refiner.trying(kClose, Algorithm::kDirect), "rank ", r,
-            " did not settle on ", name(settled));
-      CHECK(line == (ringHeld < 100 ? "refined: 256 KiB: ring (15.0 us) over direct (100.0 us sustained, 10.0 in the trial)"
-                                    : "refined: 256 KiB: direct (100.0 us) over ring (150.0 us sustained, 15.0 in the trial)"),
-            line);
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == x.settled && !refiner.trying(kClose, Algorithm::kDirect),
+            "rank ", r, " did not settle on ", name(x.settled));
+      CHECK(line == x.line, line);
     }
   });
 }
@@ -495,9 +507,9 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
     };
     int i = 0;
     // R rounds of a block per candidate (the windows too over shared memory
-    // below them), two checks at most, then six settled ops.
+    // below them), two checks of each at most, then six settled ops.
     const int candidates = mode == shm::Mode::kShm && close < (64 << 10) ? 3 : 2;
-    const int most = trialOps(candidates, block, roundsAt(t, close)) + 2 * Refiner::checkOpsFor(0);
+    const int most = trialOps(candidates, block, roundsAt(t, close)) + 2 * candidates * Refiner::checkOpsFor(0);
     while ((i == 0 || refiner.trying(close, Algorithm::kDirect)) && i < most) op(i++);
     settledAt[r] = i;
     for (int more = 0; more < 6; ++more) op(i++);

@@ -212,19 +212,31 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
 void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock) {
   double sum = lowerMedian(k.check, 2);
   agree(c, &sum, 1, lock);
-  k.agreedUs[k.kept] = sum / c.size();
-  k.checked[k.kept] = true;
-  int best = k.kept;
-  for (int i = 0; i < k.count; ++i) {
-    if (k.agreedUs[i] > 0 && k.agreedUs[i] < k.agreedUs[best]) best = i;
-  }
+  const int now = k.kept;
+  const double us = sum / c.size();
+  k.agreedUs[now] = k.checks[now]++ > 0 ? std::min(k.agreedUs[now], us) : us;  // a spell only slows ops down
   k.checkOps = 0;
   k.checkRuns = 0;
   k.check[0].us.clear();
   k.check[1].us.clear();
-  if (k.agreedUs[k.kept] <= kSwitchRatio * k.agreedUs[best]) return;
+  const int back = std::exchange(k.lookBack, -1);
+  if (back >= 0 && k.checks[back] < 2) {  // a second look at the one this class left
+    k.kept = back;
+    k.checkOps = checkOpsFor(k.agreedUs[back]);
+    return;
+  }
+  int best = now;
+  for (int i = 0; i < k.count; ++i) {
+    if (k.agreedUs[i] > 0 && k.agreedUs[i] < k.agreedUs[best]) best = i;
+  }
+  // Checked times compare as they are; a trial's time, maybe of a burst
+  // the link cannot keep up, with kSwitchRatio's margin.
+  if (k.agreedUs[now] <= (k.checks[best] > 0 ? 1.0 : kSwitchRatio) * k.agreedUs[best]) return;
   k.kept = best;  // it did not keep up its trial's pace; this one may
-  if (!k.checked[best]) k.checkOps = checkOpsFor(k.agreedUs[best]);
+  if (k.checks[best] == 0) {
+    k.checkOps = checkOpsFor(k.agreedUs[best]);
+    k.lookBack = now;
+  }
 }
 
 void Refiner::agree(const Collective& c, double* values, int n, std::unique_lock<std::mutex>& lock) {
@@ -283,7 +295,7 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
                k.checkOps, " ops");
   }
   auto timed = [&](int i) {
-    if (i == k.kept || !k.checked[i]) return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)");
+    if (i == k.kept || k.checks[i] == 0) return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)");
     return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us sustained, ", tenths(k.trialUs[i]), " in the trial)");
   };
   std::string out = str("refined: ", size, ": ", timed(k.kept), " over ");

@@ -71,7 +71,8 @@
 //                            each rank takes the lower of the typical op
 //                            times of its third and fourth quarter; one
 //                            all-reduce agrees it. Where it is over
-//                            kSwitchRatio times another candidate's, the
+//                            kSwitchRatio times another candidate's trial
+//                            time, or over another's checked time, the
 //                            class takes that one, and checks it too unless
 //                            it was checked before. A trial of short blocks
 //                            can ride a burst the link cannot keep up: under
@@ -79,7 +80,14 @@
 //                            of burst), 16 direct all-reduces of 1 KiB at
 //                            n=4 took 54 us each, where direct run on took
 //                            105 us and star 50; the first half of the
-//                            check uses such a burst up
+//                            check uses such a burst up. A check can run
+//                            in a slow spell too (n=4, 64 B on shared
+//                            memory: the one-round all-reduce 22 us an op
+//                            in its trial, 38 in its check; direct then 27,
+//                            and 1.11x the one round in the benchmark's
+//                            rounds), so after the check of the one taken
+//                            instead, the one left is checked once more,
+//                            and keeps the lower of its two checks
 //   later ops                the kept one; after kRecheckOps of them, or
 //                            as many as its agreed time puts at kRecheckUs,
 //                            the class runs a new trial, so a machine whose
@@ -231,7 +239,8 @@ class Refiner {
     int roundRuns = 0;             // and in this round
     Block trial[kMax][kMaxRounds];  // this rank's counted times per candidate and round
     double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
-    bool checked[kMax] = {};       // agreedUs[i] comes from a check
+    int checks[kMax] = {};         // agreedUs[i] is the lowest of this many checks (or the trial's: 0)
+    int lookBack = -1;             // the one left for the candidate in its check, to look at again
     double trialUs[kMax] = {};     // the trial's agreed times, for the log
     int kept = -1;                 // the index kept, once the trial agreed
     int checkOps = 0;              // C while the kept one is being checked, else 0
