@@ -215,6 +215,10 @@ void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mute
   const int now = k.kept;
   const double us = sum / c.size();
   k.agreedUs[now] = k.checks[now]++ > 0 ? std::min(k.agreedUs[now], us) : us;  // a spell only slows ops down
+  if (!k.second && us > kSpellRatio * k.trialUs[now]) {  // a check in a slow spell: a second trial follows
+    k.doubted = true;
+    k.spellIn = now;
+  }
   k.checkOps = 0;
   k.checkRuns = 0;
   k.check[0].us.clear();
@@ -303,8 +307,10 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
     if (i != k.kept) out += (listed++ ? ", " : "") + timed(i);
   }
   if (k.doubted) {
-    out += str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us: tried again after ",
-               k.recheckOps, " ops");
+    out += k.spellIn >= 0 ? str("; ", name(k.candidate[k.spellIn]), "'s check ran over ", tenths(kSpellRatio),
+                                "x its trial")
+                          : str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us");
+    out += str(": tried again after ", k.recheckOps, " ops");
   }
   return out;
 }
