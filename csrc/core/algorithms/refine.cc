@@ -197,7 +197,7 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
   }
   k.doubted = !k.second && k.agreedUs[best] > kSpellRatio * k.predictedUs;
   std::copy(std::begin(k.agreedUs), std::end(k.agreedUs), k.trialUs);
-  k.kept = best;
+  k.kept = k.trialKept = best;
   k.checkOps = checkOpsFor(k.agreedUs[best]);
   const int model = k.candidate[0] == Algorithm::kShm ? 1 : 0;  // the model's choice
   const double predicted = predictAllreduceUs(c.costs(), k.candidate[model], c.size(), c.treeArity, bytes);
@@ -215,10 +215,6 @@ void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mute
   const int now = k.kept;
   const double us = sum / c.size();
   k.agreedUs[now] = k.checks[now]++ > 0 ? std::min(k.agreedUs[now], us) : us;  // a spell only slows ops down
-  if (!k.second && us > kSpellRatio * k.trialUs[now]) {  // a check in a slow spell: a second trial follows
-    k.doubted = true;
-    k.spellIn = now;
-  }
   k.checkOps = 0;
   k.checkRuns = 0;
   k.check[0].us.clear();
@@ -235,12 +231,16 @@ void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mute
   }
   // Checked times compare as they are; a trial's time, maybe of a burst
   // the link cannot keep up, with kSwitchRatio's margin.
-  if (k.agreedUs[now] <= (k.checks[best] > 0 ? 1.0 : kSwitchRatio) * k.agreedUs[best]) return;
-  k.kept = best;  // it did not keep up its trial's pace; this one may
-  if (k.checks[best] == 0) {
-    k.checkOps = checkOpsFor(k.agreedUs[best]);
-    k.lookBack = now;
+  if (k.agreedUs[now] > (k.checks[best] > 0 ? 1.0 : kSwitchRatio) * k.agreedUs[best]) {
+    k.kept = best;  // it did not keep up its trial's pace; this one may
+    if (k.checks[best] == 0) {
+      k.checkOps = checkOpsFor(k.agreedUs[best]);
+      k.lookBack = now;
+      return;
+    }
   }
+  // Settled: where the checks overturned the trial, a second trial follows.
+  if (!k.second && k.kept != k.trialKept) k.doubted = true;
 }
 
 void Refiner::agree(const Collective& c, double* values, int n, std::unique_lock<std::mutex>& lock) {
@@ -307,9 +307,9 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
     if (i != k.kept) out += (listed++ ? ", " : "") + timed(i);
   }
   if (k.doubted) {
-    out += k.spellIn >= 0 ? str("; ", name(k.candidate[k.spellIn]), "'s check ran over ", tenths(kSpellRatio),
-                                "x its trial")
-                          : str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us");
+    out += k.kept != k.trialKept
+               ? str("; the checks overturned the trial's ", name(k.candidate[k.trialKept]))
+               : str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us");
     out += str(": tried again after ", k.recheckOps, " ops");
   }
   return out;

@@ -113,15 +113,17 @@
 //                            and passed within seconds, where the model
 //                            puts them at 7-8 ms; outside spells the
 //                            fastest ran within 1.2-1.6x of the model.)
-//                            So too where a check ran over kSpellRatio
-//                            times its candidate's trial time: the checks
-//                            may have run in a spell, and one that had
-//                            passed took the class to a slower candidate
-//                            (n=3, 16 MiB: the windows 4.5 ms an op in the
-//                            trial, 12.9 in both their checks; tree kept
-//                            at 5.0, 1.78x the windows in the benchmark's
-//                            rounds). A second trial is not doubted again,
-//                            so a model fitted too fast costs one more
+//                            So too where the checks overturned the
+//                            trial: they may have run in a spell, which
+//                            passed before the check of the one taken
+//                            instead (n=3, 16 MiB: the windows 4.5 ms an
+//                            op in the trial, 12.9 in both their checks,
+//                            tree kept at 5.0, 1.78x the windows in the
+//                            benchmark's rounds; n=4, 256 KiB: the windows
+//                            99 us in the trial, 209 in their checks, tree
+//                            kept at 132, 1.39x). A second trial is not
+//                            doubted again, so a model fitted too fast, or
+//                            a trial that rode a burst, costs one more
 //                            trial per class
 //
 // The agreed times also check the model: where it predicted the model's
@@ -255,8 +257,8 @@ class Refiner {
     Block check[2];                // and in the check's last two quarters
     uint64_t keptOps = 0;          // since the class settled
     uint64_t recheckOps = 0;       // before the next trial
-    bool doubted = false;          // the trial ran far slower than the model, or a check than its trial: a second one follows
-    int spellIn = -1;              // the candidate of that check, if so
+    int trialKept = -1;            // the index the trial kept (the checks may take another)
+    bool doubted = false;          // the trial ran far slower than the model, or the checks overturned it: a second one follows
     bool second = false;           // this is that second trial
     double firstUs[kMax] = {};     // and the first one's agreed times
   };
