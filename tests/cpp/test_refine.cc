@@ -5,14 +5,15 @@
 // up its trial's pace gives way to the next best, unless a second look at it
 // finds it the faster after all; classes the model finds clear-cut run no
 // trial; a settled choice is re-tried after kRecheckOps, or a minute of its
-// ops, and a trial far slower than the model, or one that its checks
-// overturned, once more within seconds; algorithms far off but cheap to try are
-// tried; a class of slow ops runs shorter blocks and fewer rounds, one of cheap
-// ops the most rounds, judged by each candidate's lower median block; the
-// shared-memory windows are a candidate where auto takes them, and below them
-// over shared memory; the one-round shared-memory all-reduce is tried against
-// direct alone; a model far slower than the measured times is said stale, once;
-// and the real all-reduce path stays correct through it.
+// ops, and a trial far slower than the model, or one that settled on another
+// than auto's own choice, once more within seconds; algorithms far off but
+// cheap to try are tried; a class of slow ops runs shorter blocks and fewer
+// rounds, one of cheap ops the most rounds, judged by each candidate's lower
+// median block; the shared-memory windows are a candidate where auto takes
+// them, and below them over shared memory; the one-round shared-memory all-
+// reduce is tried against direct alone; a model far slower than the measured
+// times is said stale, once; and the real all-reduce path stays correct through
+// it.
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -67,7 +68,9 @@ int roundsAt(const Tuning& t, size_t bytes) { return Refiner::roundsFor(predicte
 
 // Runs the check of what the trial from the model's `choice` kept, and the
 // op that settles it, each taking `us`: every op must run `expect`. Returns
-// how many ops that took.
+// how many ops that took. (A class that settles on another than `choice`
+// keeps trying() until its second trial: this stops once none is
+// "refining".)
 int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expect, double us,
              Algorithm choice = Algorithm::kDirect) {
   int ops = 0;
@@ -76,7 +79,7 @@ int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expe
     CHECK(a == expect, "check op ", ops, ": ", name(a), ", not ", name(expect));
     refiner.ran(us);
     ++ops;
-  } while (refiner.trying(bytes, choice));
+  } while (refiner.describe().find("refining: ") != std::string::npos);
   return ops;
 }
 
@@ -138,11 +141,27 @@ void testAgreementOverrulesOneClock() {
     CHECK(runCheck(refiner, c, kClose, Algorithm::kRing, r == 0 ? 20.0 : 15.0) == Refiner::checkOpsFor(16.7) + 1,
           "rank ", r, ": not one check of ring");
     CHECK(refiner.kept(kClose + 1000, Algorithm::kDirect) == Algorithm::kRing, "the class keeps ring");
-    CHECK(line == "refined: 256 KiB: ring (16.7 us) over direct (23.3 us)", "rank ", r, ": ", line);
+    CHECK(line == "refined: 256 KiB: ring (16.7 us) over direct (23.3 us); auto's own choice was direct: tried again "
+                  "after 4096 ops",
+          "rank ", r, ": ", line);
     CHECK(refiner.describe() == line, refiner.describe());
     // The model predicted direct at 256 KiB over 3x slower than the 23.3 us
     // measured: it is stale, said once, on every rank.
     CHECK(staleCalls == 1 && stale.find("where the group measured 23.3 us") != std::string::npos, stale);
+    // Not auto's own choice: kept for confirmOpsFor ops (the settling op was
+    // the first), then tried a second time, where ring holds.
+    CHECK(Refiner::confirmOpsFor(16.7) == 4096, "confirmOpsFor(16.7): ", Refiner::confirmOpsFor(16.7));
+    for (uint64_t i = 1; i < Refiner::confirmOpsFor(16.7); ++i) {
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "confirming op ", i);
+      refiner.ran(1.0);
+    }
+    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+      const bool direct = trialAlgorithm(i, block) == Algorithm::kDirect;
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "the second trial, op ", i);
+      refiner.ran(r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0));
+    }
+    runCheck(refiner, c, kClose, Algorithm::kRing, r == 0 ? 20.0 : 15.0);
+    CHECK(line == "refined: 256 KiB: ring (16.7 us) over direct (23.3 us)", "rank ", r, ": ", line);
     // Kept for kRecheckOps ops in all (the settling op was the first), then tried again.
     for (uint64_t i = 1; i < Refiner::kRecheckOps; ++i) {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
@@ -181,8 +200,8 @@ void testAgreementOverrulesOneClock() {
 }
 
 // A class whose ops take ~20 ms runs the shortest blocks, and says where
-// its trial stands in describe() meanwhile. Direct, 2.5x ring in the first
-// round (a block of it 120 ms more), leaves the trial there: ring is kept
+// its trial stands in describe() meanwhile. Ring, 2.5x direct in the first
+// round (a block of it 120 ms more), leaves the trial there: direct is kept
 // after 8 ops, not 16, and checked over the fewest ops, 8.
 void testSlowClassesTryLess() {
   CHECK(Refiner::blockFor(10) == 16 && Refiner::blockFor(2000) == 8 && Refiner::blockFor(1e5) == 4, "blockFor: ",
@@ -199,22 +218,22 @@ void testSlowClassesTryLess() {
     auto& [ws, refiner, line, c] = k;
     for (int i = 0; i < 2 * block; ++i) {
       CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
-      refiner.ran(trialAlgorithm(i, block) == Algorithm::kRing ? 20000.0 : 50000.0);
+      refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 20000.0 : 50000.0);
       if (i == 4) CHECK(refiner.describe() == "refining: 16 MiB: 5 of 16 ops", refiner.describe());
       CHECK(refiner.trying(kBig, Algorithm::kDirect), "op ", i, " is in the trial");
     }
-    CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " did not keep ring");
+    CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "rank ", r, " did not keep direct");
     refiner.ran(20000.0);
-    CHECK(refiner.describe() == "refining: 16 MiB: checking ring, 1 of 8 ops", refiner.describe());
-    CHECK(runCheck(refiner, c, kBig, Algorithm::kRing, 20000.0) == 8, "rank ", r, ": not 8 check ops");
-    CHECK(line == "refined: 16 MiB: ring (20000.0 us) over direct (50000.0 us)", line);
+    CHECK(refiner.describe() == "refining: 16 MiB: checking direct, 1 of 8 ops", refiner.describe());
+    CHECK(runCheck(refiner, c, kBig, Algorithm::kDirect, 20000.0) == 8, "rank ", r, ": not 8 check ops");
+    CHECK(line == "refined: 16 MiB: direct (20000.0 us) over ring (50000.0 us)", line);
     CHECK(!refiner.trying(kBig, Algorithm::kDirect) && !refiner.trying(8, Algorithm::kDirect), "no trial after settling, nor at 8 B");
     // Kept for a minute of its agreed time, 3000 ops of 20 ms, not for
     // kRecheckOps: then a new trial.
     const uint64_t recheck = Refiner::recheckOpsFor(20000.0);
     CHECK(recheck == 3000 && Refiner::recheckOpsFor(16.7) == Refiner::kRecheckOps, "recheckOpsFor: ", recheck);
     for (uint64_t i = 1; i < recheck; ++i) {
-      CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
+      CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "kept op ", i);
     }
     CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect && refiner.trying(kBig, Algorithm::kDirect),
           "rank ", r, ": no new trial after ", recheck, " ops");
@@ -222,11 +241,11 @@ void testSlowClassesTryLess() {
 }
 
 // A trial whose fastest candidate ran over kSpellRatio times the model's
-// prediction (ring 50 ms, direct 80, where the model put direct at ~18) may
-// have run in a slow spell: after kConfirmUs of the kept ring's ops the
+// prediction (direct 50 ms, ring 80, where the model put direct at ~18) may
+// have run in a slow spell: after kConfirmUs of the kept direct's ops the
 // class tries again, and each candidate keeps its lower time of the two.
-// Where the spell has passed (direct 9 ms, ring 15), direct is kept; where
-// it holds (direct 80, ring 60), ring stays, on its first trial's 50 ms, and
+// Where the spell has passed (ring 9 ms, direct 15), ring is kept; where it
+// holds (ring 80, direct 60), direct stays, on its first trial's 50 ms, and
 // the second trial is not doubted again.
 void testTrialFarSlowerThanTheModelIsTriedAgain() {
   constexpr size_t kBig = 16 << 20;
@@ -244,29 +263,29 @@ void testTrialFarSlowerThanTheModelIsTriedAgain() {
       auto& [ws, refiner, line, c] = k;
       const std::vector<Algorithm> order = {Algorithm::kDirect, Algorithm::kRing};
       runTrialInTurn(refiner, c, kBig, Algorithm::kDirect, order, block,
-                     [](Algorithm a) { return a == Algorithm::kRing ? 50000.0 : 80000.0; });
+                     [](Algorithm a) { return a == Algorithm::kDirect ? 50000.0 : 80000.0; });
       // The op that ends the trial, the check's, and the one that settles.
       for (int i = 0; i <= Refiner::checkOpsFor(50000.0); ++i) {
-        CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " check op ", i);
+        CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "rank ", r, " check op ", i);
         refiner.ran(50000.0);
       }
       char model[32];
       std::snprintf(model, sizeof model, "%.1f", predicted);
-      CHECK(line == str("refined: 16 MiB: ring (50000.0 us) over direct (80000.0 us); over 2.5x the model's ", model,
+      CHECK(line == str("refined: 16 MiB: direct (50000.0 us) over ring (80000.0 us); over 2.5x the model's ", model,
                         " us: tried again after 100 ops"),
             line);
       CHECK(refiner.trying(kBig, Algorithm::kDirect), "rank ", r, ": a doubted class has not settled");
       for (uint64_t i = 1; i < confirm; ++i) {
-        CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
+        CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "kept op ", i);
         refiner.ran(50000.0);
       }
       runTrialInTurn(refiner, c, kBig, Algorithm::kDirect, order, block, [&](Algorithm a) {
-        return a == Algorithm::kRing ? (passed ? 15000.0 : 60000.0) : passed ? 9000.0 : 80000.0;
+        return a == Algorithm::kDirect ? (passed ? 15000.0 : 60000.0) : passed ? 9000.0 : 80000.0;
       });
-      const Algorithm kept = passed ? Algorithm::kDirect : Algorithm::kRing;
+      const Algorithm kept = passed ? Algorithm::kRing : Algorithm::kDirect;
       runCheck(refiner, c, kBig, kept, passed ? 9000.0 : 50000.0);
-      CHECK(line == (passed ? "refined: 16 MiB: direct (9000.0 us) over ring (15000.0 us)"
-                            : "refined: 16 MiB: ring (50000.0 us) over direct (80000.0 us)"),
+      CHECK(line == (passed ? "refined: 16 MiB: ring (9000.0 us) over direct (15000.0 us)"
+                            : "refined: 16 MiB: direct (50000.0 us) over ring (80000.0 us)"),
             "rank ", r, ": ", line);
       CHECK(!refiner.trying(kBig, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
     }
@@ -290,7 +309,9 @@ void testThreeCandidates() {
                    blockAt(t, kClose),
                    [](Algorithm a) { return a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 8.0 : 25.0; });
     runCheck(refiner, c, kClose, Algorithm::kStar, 5.0);
-    CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (8.0 us)", line);
+    CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (8.0 us); auto's own choice was direct: "
+                  "tried again after 4096 ops",
+          line);
   });
 }
 
@@ -312,8 +333,8 @@ void testKeptChoiceMustKeepItsPace() {
     };
     for (const Case& x : {
              Case{15.0, 20.0, Algorithm::kRing,
-                  "refined: 256 KiB: ring (15.0 us) over direct (20.0 us sustained, 10.0 in the trial); the checks "
-                  "overturned the trial's direct: tried again after 4096 ops"},
+                  "refined: 256 KiB: ring (15.0 us) over direct (20.0 us sustained, 10.0 in the trial); auto's "
+                  "own choice was direct: tried again after 4096 ops"},
              Case{15.0, 10.0, Algorithm::kDirect, "refined: 256 KiB: direct (10.0 us) over ring (15.0 us sustained, 15.0 in the trial)"},
              Case{30.0, 20.0, Algorithm::kDirect, "refined: 256 KiB: direct (20.0 us) over ring (30.0 us sustained, 15.0 in the trial)"},
          }) {
@@ -374,8 +395,8 @@ void testChecksThatOverturnTheTrialAreTriedAgain() {
       }
     }
     CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, ": ring not kept for now");
-    CHECK(line == str("refined: 256 KiB: ring (15.0 us) over direct (30.0 us sustained, 10.0 in the trial); the "
-                      "checks overturned the trial's direct: tried again after ", confirm, " ops"),
+    CHECK(line == str("refined: 256 KiB: ring (15.0 us) over direct (30.0 us sustained, 10.0 in the trial); auto's "
+                      "own choice was direct: tried again after ", confirm, " ops"),
           line);
     CHECK(refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": a doubted class has not settled");
     for (uint64_t i = 1; i < confirm; ++i) {
@@ -410,7 +431,9 @@ void testVaryingOpsPayForTheirSlowOnes() {
       }
     }
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0);
-    CHECK(line == "refined: 256 KiB: ring (10.0 us) over direct (12.5 us)", line);
+    CHECK(line == "refined: 256 KiB: ring (10.0 us) over direct (12.5 us); auto's own choice was direct: tried again "
+                  "after 4096 ops",
+          line);
     Refiner::Block preempted{{10, 10, 10, 10, 5000}};
     CHECK(preempted.typical() == (4 * 10 + Refiner::kOutlierRatio * 10) / 5, "a preemption: ", preempted.typical());
   });
@@ -459,7 +482,9 @@ void testSharedWindowsAreACandidate() {
     runTrialInTurn(refiner, c, kClose, Algorithm::kShm, {Algorithm::kShm, Algorithm::kDirect, Algorithm::kRing}, block,
                    [](Algorithm a) { return a == Algorithm::kRing ? 10.0 : a == Algorithm::kShm ? 12.0 : 25.0; });
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0, Algorithm::kShm);
-    CHECK(line == "refined: 256 KiB: ring (10.0 us) over shm (12.0 us), direct (25.0 us)", line);
+    CHECK(line == "refined: 256 KiB: ring (10.0 us) over shm (12.0 us), direct (25.0 us); auto's own choice was shm: "
+                  "tried again after 4096 ops",
+          line);
     CHECK(refiner.kept(kClose, Algorithm::kShm) == Algorithm::kRing, "rank ", r, ": ring not kept");
   });
 }

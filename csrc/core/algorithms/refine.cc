@@ -197,7 +197,7 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
   }
   k.doubted = !k.second && k.agreedUs[best] > kSpellRatio * k.predictedUs;
   std::copy(std::begin(k.agreedUs), std::end(k.agreedUs), k.trialUs);
-  k.kept = k.trialKept = best;
+  k.kept = best;
   k.checkOps = checkOpsFor(k.agreedUs[best]);
   const int model = k.candidate[0] == Algorithm::kShm ? 1 : 0;  // the model's choice
   const double predicted = predictAllreduceUs(c.costs(), k.candidate[model], c.size(), c.treeArity, bytes);
@@ -239,8 +239,8 @@ void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mute
       return;
     }
   }
-  // Settled: where the checks overturned the trial, a second trial follows.
-  if (!k.second && k.kept != k.trialKept) k.doubted = true;
+  // Settled: on another than auto's own choice, after a second trial only.
+  if (!k.second && k.kept != 0) k.doubted = true;
 }
 
 void Refiner::agree(const Collective& c, double* values, int n, std::unique_lock<std::mutex>& lock) {
@@ -307,9 +307,8 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
     if (i != k.kept) out += (listed++ ? ", " : "") + timed(i);
   }
   if (k.doubted) {
-    out += k.kept != k.trialKept
-               ? str("; the checks overturned the trial's ", name(k.candidate[k.trialKept]))
-               : str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us");
+    out += k.kept != 0 ? str("; auto's own choice was ", name(k.candidate[0]))
+                       : str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us");
     out += str(": tried again after ", k.recheckOps, " ops");
   }
   return out;

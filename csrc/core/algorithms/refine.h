@@ -99,32 +99,32 @@
 //                            the windows' time once it had passed). Rarely:
 //                            at 4096, a new trial's slower candidates
 //                            showed as up to 1.9x on a benchmark point
-//   a second trial           where the fastest candidate's agreed time was
-//                            over kSpellRatio times the model's prediction
-//                            for its choice, the trial may have run in a
-//                            slow spell of the machine; the kept one runs
-//                            for kConfirmUs of its agreed time (at most
+//   a second trial           where the class settled on another than
+//                            auto's own choice (the windows or one round
+//                            auto takes by rule, else the model's), or the
+//                            fastest candidate's agreed time was over
+//                            kSpellRatio times the model's prediction, the
+//                            trial or its checks may have run in a slow
+//                            spell of the machine; the kept one runs for
+//                            kConfirmUs of its agreed time (at most
 //                            kConfirmOps ops), then the same candidates are
 //                            tried again, and each keeps the lower of its
 //                            two agreed times: a spell only slows ops down.
-//                            (n=2, 64 MiB on shared memory, 2 cores: a
-//                            spell made the windows, ring, tree and star
-//                            take 31-38 ms an op, against 8-9 outside it,
-//                            and passed within seconds, where the model
-//                            puts them at 7-8 ms; outside spells the
-//                            fastest ran within 1.2-1.6x of the model.)
-//                            So too where the checks overturned the
-//                            trial: they may have run in a spell, which
-//                            passed before the check of the one taken
-//                            instead (n=3, 16 MiB: the windows 4.5 ms an
-//                            op in the trial, 12.9 in both their checks,
-//                            tree kept at 5.0, 1.78x the windows in the
-//                            benchmark's rounds; n=4, 256 KiB: the windows
-//                            99 us in the trial, 209 in their checks, tree
-//                            kept at 132, 1.39x). A second trial is not
-//                            doubted again, so a model fitted too fast, or
-//                            a trial that rode a burst, costs one more
-//                            trial per class
+//                            With more ranks than cores, spells of 50 ms
+//                            to seconds outlast a trial of large ops (3
+//                            rounds of 4 at 16 MiB) and the checks: n=4,
+//                            16 MiB: the windows 12.5 ms an op in their
+//                            trial, ring 11.2, where they ran 6.8 in other
+//                            runs, and ring kept, 1.45x the windows in the
+//                            benchmark's rounds; n=3, 16 MiB: the windows
+//                            4.5 ms an op in the trial, 12.9 in both their
+//                            checks, tree kept, 1.78x the windows; n=2,
+//                            64 MiB: a spell made the windows, ring, tree
+//                            and star take 31-38 ms an op, against 8-9
+//                            outside it, where the model puts them at 7-8.
+//                            A second trial is not doubted again: a class
+//                            that leaves auto's own choice costs one more
+//                            trial
 //
 // The agreed times also check the model: where it predicted the model's
 // choice kStaleRatio times slower than the group measured, the tuning was
@@ -257,8 +257,7 @@ class Refiner {
     Block check[2];                // and in the check's last two quarters
     uint64_t keptOps = 0;          // since the class settled
     uint64_t recheckOps = 0;       // before the next trial
-    int trialKept = -1;            // the index the trial kept (the checks may take another)
-    bool doubted = false;          // the trial ran far slower than the model, or the checks overturned it: a second one follows
+    bool doubted = false;          // the trial ran far slower than the model, or kept another than auto's own choice: a second one follows
     bool second = false;           // this is that second trial
     double firstUs[kMax] = {};     // and the first one's agreed times
   };
