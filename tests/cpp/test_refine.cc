@@ -410,6 +410,35 @@ void testChecksThatOverturnTheTrialAreTriedAgain() {
   });
 }
 
+// A second trial keeps each candidate's checks of the first: ring (5 us to
+// direct's 10) is kept, checked at 5, and tried again; in the second trial
+// its check runs in a spell, at 50 us, and ring stays, on its first check.
+void testSecondTrialKeepsTheFirstChecks() {
+  const Tuning t = closeModel();
+  const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
+  test::runRanks(kRanks, [&](int r) {
+    Ranked k(*g.devices[r], t);
+    auto& [ws, refiner, line, c] = k;
+    auto trial = [&] {
+      for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
+        refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 5.0);
+      }
+    };
+    trial();
+    runCheck(refiner, c, kClose, Algorithm::kRing, 5.0);
+    for (uint64_t i = 1; i < Refiner::confirmOpsFor(5.0); ++i) {
+      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " confirming op ", i);
+      refiner.ran(5.0);
+    }
+    trial();
+    runCheck(refiner, c, kClose, Algorithm::kRing, 50.0);
+    CHECK(line == "refined: 256 KiB: ring (5.0 us) over direct (10.0 us)", "rank ", r, ": ", line);
+    CHECK(!refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
+  });
+}
+
 // Direct's ops take 5 us, but every fourth 30 (6x the median; 12.5 on
 // average over a block's counted ops), ring's take 10: ring is kept, though
 // most of direct's ops are faster. A preemption (one op of 5 ms in ring's
@@ -606,6 +635,7 @@ int main() {
   testTrialFarSlowerThanTheModelIsTriedAgain();
   testKeptChoiceMustKeepItsPace();
   testChecksThatOverturnTheTrialAreTriedAgain();
+  testSecondTrialKeepsTheFirstChecks();
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
   testSharedWindowsAreACandidate();

@@ -109,7 +109,8 @@
 //                            kConfirmUs of its agreed time (at most
 //                            kConfirmOps ops), then the same candidates are
 //                            tried again, and each keeps the lower of its
-//                            two agreed times: a spell only slows ops down.
+//                            two agreed times, and of its checks in both:
+//                            a spell only slows ops down.
 //                            With more ranks than cores, spells of 50 ms
 //                            to seconds outlast a trial of large ops (3
 //                            rounds of 4 at 16 MiB) and the checks: n=4,
@@ -260,6 +261,7 @@ class Refiner {
     bool doubted = false;          // the trial ran far slower than the model, or kept another than auto's own choice: a second one follows
     bool second = false;           // this is that second trial
     double firstUs[kMax] = {};     // and the first one's agreed times
+    double firstCheckUs[kMax] = {};  // and checked times (0: not checked then)
   };
   static Class fresh(const Collective& c, size_t bytes, Algorithm choice);
   // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
