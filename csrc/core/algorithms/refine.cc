@@ -80,43 +80,37 @@ double Refiner::Block::typical() const {
 }
 
 Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choice) {
-  // The shared-memory windows where auto took them, then the model's flat
-  // choice, then every other flat algorithm predicted within kCloseRatio of
-  // it or cheap to try, nearest first; then the windows where auto took a
-  // flat algorithm over shared memory (above the one-round sizes, below
-  // kShmMinBytes): at n=4 on 2 cores, 16 KiB, they ran 1.15-1.46x faster
-  // than the model's direct or ring, and slower at n=2.
+  // The one-round all-reduce and direct alone where auto took the one round
+  // (refine.h). Else the shared-memory windows where auto took them, then
+  // the model's flat choice, then every other flat algorithm predicted
+  // within kCloseRatio of it or cheap to try, nearest first; then the
+  // windows where auto took a flat algorithm over shared memory (above the
+  // one-round sizes, below kShmMinBytes): at n=4 on 2 cores, 16 KiB, they
+  // ran 1.15-1.46x faster than the model's direct or ring, and slower at n=2.
   Class k;
   const Tuning& t = c.costs();
-  if (oneRound(choice, bytes)) {  // against direct alone (refine.h)
-    k.candidate[k.count++] = choice;
-    k.candidate[k.count++] = Algorithm::kDirect;
-    k.predictedUs = predictAllreduceUs(t, Algorithm::kDirect, c.size(), c.treeArity, bytes);
-    k.block = blockFor(k.predictedUs);
-    k.rounds = roundsFor(k.predictedUs * k.block);
-    for (int i = 0; i < k.count; ++i) k.active[i] = i;
-    k.activeCount = k.count;
-    return k;
-  }
+  const bool one = oneRound(choice, bytes);
   if (choice == Algorithm::kShm) {
     k.candidate[k.count++] = choice;
-    choice = chooseAllreduce(t, c.size(), c.treeArity, bytes);
+    choice = one ? Algorithm::kDirect : chooseAllreduce(t, c.size(), c.treeArity, bytes);
   }
   const double best = predictAllreduceUs(t, choice, c.size(), c.treeArity, bytes);
   k.predictedUs = best;
   k.block = blockFor(best);
   k.rounds = roundsFor(best * k.block);
-  std::vector<std::pair<double, Algorithm>> close;
-  for (Algorithm a : kFlatAlgorithms) {
-    const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
-    const bool cheap = (us - best) * kMinRounds * k.block <= kCheapUs;
-    if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
-  }
-  std::sort(close.begin(), close.end());
   k.candidate[k.count++] = choice;
-  for (const auto& [us, a] : close) k.candidate[k.count++] = a;
-  if (k.candidate[0] != Algorithm::kShm && c.transport.sharedWindows() && bytes > kShmOneRoundBytes) {
-    k.candidate[k.count++] = Algorithm::kShm;
+  if (!one) {
+    std::vector<std::pair<double, Algorithm>> close;
+    for (Algorithm a : kFlatAlgorithms) {
+      const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
+      const bool cheap = (us - best) * kMinRounds * k.block <= kCheapUs;
+      if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
+    }
+    std::sort(close.begin(), close.end());
+    for (const auto& [us, a] : close) k.candidate[k.count++] = a;
+    if (k.candidate[0] != Algorithm::kShm && c.transport.sharedWindows() && bytes > kShmOneRoundBytes) {
+      k.candidate[k.count++] = Algorithm::kShm;
+    }
   }
   for (int i = 0; i < k.count; ++i) k.active[i] = i;
   k.activeCount = k.count;

@@ -239,7 +239,7 @@ class Refiner {
   struct Class {
     int count = 0;                 // candidates; a trial needs two or more
     int block = 0;                 // B
-    double predictedUs = 0;        // by the model, for its flat choice
+    double predictedUs = 0;        // by the model, for its flat choice (direct beside the one round)
     int rounds = 0;                // R
     Algorithm candidate[kMax]{};   // shm where auto took it, the model's choice, by prediction, shm below 64 KiB
     int active[kMax]{};            // indices of those still in the trial
