@@ -95,6 +95,39 @@ void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorit
   }
 }
 
+// The trial between direct (the model's choice) and ring at kClose, each
+// op taking `directUs` or `ringUs`.
+void runDirectRingTrial(Refiner& refiner, const Collective& c, double directUs, double ringUs) {
+  runTrialInTurn(refiner, c, kClose, Algorithm::kDirect, {Algorithm::kDirect, Algorithm::kRing},
+                 blockAt(c.costs(), kClose), [&](Algorithm a) { return a == Algorithm::kDirect ? directUs : ringUs; });
+}
+
+// Checks in turn at kClose, from the op that ends the trial: each runs
+// `ops` ops of `algorithm`, taking `us` each.
+struct CheckStep {
+  Algorithm algorithm;
+  double us;
+  int ops;
+};
+void runChecks(Refiner& refiner, const Collective& c, const std::vector<CheckStep>& steps) {
+  for (size_t j = 0; j < steps.size(); ++j) {
+    for (int i = 0; i < steps[j].ops; ++i) {
+      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+      CHECK(a == steps[j].algorithm, "check ", j, " op ", i, ": ", name(a));
+      refiner.ran(steps[j].us);
+    }
+  }
+}
+
+// The kept `expect` runs on at kClose, from the op after the one that settled
+// to the `last`-th, taking `us` each.
+void runKept(Refiner& refiner, const Collective& c, Algorithm expect, double us, uint64_t last) {
+  for (uint64_t i = 1; i < last; ++i) {
+    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == expect, "kept op ", i);
+    refiner.ran(us);
+  }
+}
+
 // One rank's refiner over its device, and the line it last settled on.
 struct Ranked {
   Ranked(tcp::Device& d, const Tuning& t) : c(collective(d, t, ws)) {
@@ -151,10 +184,7 @@ void testAgreementOverrulesOneClock() {
     // Not auto's own choice: kept for confirmOpsFor ops (the settling op was
     // the first), then tried a second time, where ring holds.
     CHECK(Refiner::confirmOpsFor(16.7) == 4096, "confirmOpsFor(16.7): ", Refiner::confirmOpsFor(16.7));
-    for (uint64_t i = 1; i < Refiner::confirmOpsFor(16.7); ++i) {
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "confirming op ", i);
-      refiner.ran(1.0);
-    }
+    runKept(refiner, c, Algorithm::kRing, 1.0, Refiner::confirmOpsFor(16.7));
     for (int i = 0; i < trialOps(2, block, rounds); ++i) {
       const bool direct = trialAlgorithm(i, block) == Algorithm::kDirect;
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "the second trial, op ", i);
@@ -163,10 +193,7 @@ void testAgreementOverrulesOneClock() {
     runCheck(refiner, c, kClose, Algorithm::kRing, r == 0 ? 20.0 : 15.0);
     CHECK(line == "refined: 256 KiB: ring (16.7 us) over direct (23.3 us)", "rank ", r, ": ", line);
     // Kept for kRecheckOps ops in all (the settling op was the first), then tried again.
-    for (uint64_t i = 1; i < Refiner::kRecheckOps; ++i) {
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
-      refiner.ran(1.0);
-    }
+    runKept(refiner, c, Algorithm::kRing, 1.0, Refiner::kRecheckOps);
     for (int i = 0; i < trialOps(2, block, rounds); ++i) {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "a new trial, op ", i);
       refiner.ran(r == 0 ? 10.0 : 30.0);
@@ -323,7 +350,6 @@ void testThreeCandidates() {
 //   ring slows to 30, direct 20 again: direct.
 void testKeptChoiceMustKeepItsPace() {
   const Tuning t = closeModel();
-  const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     struct Case {
@@ -340,21 +366,11 @@ void testKeptChoiceMustKeepItsPace() {
          }) {
       Ranked k(*g.devices[r], t);
       auto& [ws, refiner, line, c] = k;
-      for (int i = 0; i < trialOps(2, block, rounds); ++i) {
-        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
-        refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 15.0);
-      }
-      // The first op of each check ends the trial or the check before it.
-      const std::pair<Algorithm, double> checks[] = {
-          {Algorithm::kDirect, 20.0}, {Algorithm::kRing, x.ringHeld}, {Algorithm::kDirect, x.directAgain}};
-      const int ops[] = {Refiner::checkOpsFor(10), Refiner::checkOpsFor(15), Refiner::checkOpsFor(20)};
-      for (int j = 0; j < 3; ++j) {
-        for (int i = 0; i < ops[j]; ++i) {
-          const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
-          CHECK(a == checks[j].first, "rank ", r, " check ", j, " op ", i, ": ", name(a));
-          refiner.ran(checks[j].second);
-        }
-      }
+      runDirectRingTrial(refiner, c, 10.0, 15.0);
+      runChecks(refiner, c,
+                {{Algorithm::kDirect, 20.0, Refiner::checkOpsFor(10)},
+                 {Algorithm::kRing, x.ringHeld, Refiner::checkOpsFor(15)},
+                 {Algorithm::kDirect, x.directAgain, Refiner::checkOpsFor(20)}});
       // Where the checks overturned the trial, a second trial follows
       // (testChecksThatOverturnTheTrialAreTriedAgain).
       const bool again = x.settled != Algorithm::kDirect;
@@ -371,39 +387,23 @@ void testKeptChoiceMustKeepItsPace() {
 // the class tries again, direct keeps its 10 us, and is kept.
 void testChecksThatOverturnTheTrialAreTriedAgain() {
   const Tuning t = closeModel();
-  const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
   const uint64_t confirm = Refiner::confirmOpsFor(15.0);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
-    auto trial = [&] {
-      for (int i = 0; i < trialOps(2, block, rounds); ++i) {
-        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
-        refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 15.0);
-      }
-    };
-    trial();
-    const std::pair<Algorithm, double> checks[] = {
-        {Algorithm::kDirect, 30.0}, {Algorithm::kRing, 15.0}, {Algorithm::kDirect, 30.0}};
-    const int ops[] = {Refiner::checkOpsFor(10), Refiner::checkOpsFor(15), Refiner::checkOpsFor(30)};
-    for (int j = 0; j < 3; ++j) {
-      for (int i = 0; i < ops[j]; ++i) {
-        const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
-        CHECK(a == checks[j].first, "rank ", r, " check ", j, " op ", i, ": ", name(a));
-        refiner.ran(checks[j].second);
-      }
-    }
+    runDirectRingTrial(refiner, c, 10.0, 15.0);
+    runChecks(refiner, c,
+              {{Algorithm::kDirect, 30.0, Refiner::checkOpsFor(10)},
+               {Algorithm::kRing, 15.0, Refiner::checkOpsFor(15)},
+               {Algorithm::kDirect, 30.0, Refiner::checkOpsFor(30)}});
     CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, ": ring not kept for now");
     CHECK(line == str("refined: 256 KiB: ring (15.0 us) over direct (30.0 us sustained, 10.0 in the trial); auto's "
                       "own choice was direct: tried again after ", confirm, " ops"),
           line);
     CHECK(refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": a doubted class has not settled");
-    for (uint64_t i = 1; i < confirm; ++i) {
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "kept op ", i);
-      refiner.ran(15.0);
-    }
-    trial();
+    runKept(refiner, c, Algorithm::kRing, 15.0, confirm);
+    runDirectRingTrial(refiner, c, 10.0, 15.0);
     runCheck(refiner, c, kClose, Algorithm::kDirect, 10.0);
     CHECK(line == "refined: 256 KiB: direct (10.0 us) over ring (15.0 us)", "rank ", r, ": ", line);
     CHECK(!refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
@@ -415,24 +415,14 @@ void testChecksThatOverturnTheTrialAreTriedAgain() {
 // its check runs in a spell, at 50 us, and ring stays, on its first check.
 void testSecondTrialKeepsTheFirstChecks() {
   const Tuning t = closeModel();
-  const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
-    auto trial = [&] {
-      for (int i = 0; i < trialOps(2, block, rounds); ++i) {
-        CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
-        refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 10.0 : 5.0);
-      }
-    };
-    trial();
+    runDirectRingTrial(refiner, c, 10.0, 5.0);
     runCheck(refiner, c, kClose, Algorithm::kRing, 5.0);
-    for (uint64_t i = 1; i < Refiner::confirmOpsFor(5.0); ++i) {
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, " confirming op ", i);
-      refiner.ran(5.0);
-    }
-    trial();
+    runKept(refiner, c, Algorithm::kRing, 5.0, Refiner::confirmOpsFor(5.0));
+    runDirectRingTrial(refiner, c, 10.0, 5.0);
     runCheck(refiner, c, kClose, Algorithm::kRing, 50.0);
     CHECK(line == "refined: 256 KiB: ring (5.0 us) over direct (10.0 us)", "rank ", r, ": ", line);
     CHECK(!refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
