@@ -258,7 +258,7 @@ class Refiner {
     Block check[2];                // and in the check's last two quarters
     uint64_t keptOps = 0;          // since the class settled
     uint64_t recheckOps = 0;       // before the next trial
-    bool doubted = false;          // the trial ran far slower than the model, or kept another than auto's own choice: a second one follows
+    bool doubted = false;          // the trial ran far slower than the model, or the class settled on another than auto's own choice: a second one follows
     bool second = false;           // this is that second trial
     double firstUs[kMax] = {};     // and the first one's agreed times
     double firstCheckUs[kMax] = {};  // and checked times (0: not checked then)
