@@ -1,143 +1,26 @@
-// Auto's online refinement (refine.h), over real loopback TCP: the ranks keep
-// the algorithm the group's summed times favour, even where one rank's own
-// clock says otherwise; trials take turns in blocks alike on every rank, and
-// drop a candidate far behind after a round; a kept choice that does not keep
-// up its trial's pace gives way to the next best, unless a second look at it
-// finds it the faster after all; classes the model finds clear-cut run no
-// trial; a settled choice is re-tried after kRecheckOps, or a minute of its
-// ops, and a trial far slower than the model, or one that settled on another
-// than auto's own choice, once more within seconds; algorithms far off but
-// cheap to try are tried; a class of slow ops runs shorter blocks and fewer
-// rounds, one of cheap ops the most rounds, judged by each candidate's lower
-// median block; the shared-memory windows are a candidate where auto takes
-// them, and below them over shared memory; the one-round shared-memory all-
-// reduce is tried against direct alone; a model far slower than the measured
-// times is said stale, once; and the real all-reduce path stays correct through
-// it.
+// Auto's online refinement (refine.h), over real loopback TCP, its trials:
+// the ranks keep the algorithm the group's summed times favour, even where one
+// rank's own clock says otherwise; trials take turns in blocks alike on every
+// rank, and drop a candidate far behind after a round; classes the model finds
+// clear-cut run no trial; a settled choice is re-tried after kRecheckOps, or a
+// minute of its ops; algorithms far off but cheap to try are tried; a class of
+// slow ops runs shorter blocks and fewer rounds, one of cheap ops the most
+// rounds, judged by each candidate's lower median block; the shared-memory
+// windows are a candidate where auto takes them, and below them over shared
+// memory; the one-round shared-memory all-reduce is tried against direct
+// alone; a model far slower than the measured times is said stale, once; and
+// the real all-reduce path stays correct through it. The checks after a trial
+// and the second trials: test_refine_checks.cc.
 #include <cstdio>
-#include <cstring>
-#include <functional>
 #include <vector>
 
-#include "../../csrc/core/algorithms/refine.h"
-#include "../../csrc/core/algorithms/tuning.h"
-#include "../../csrc/core/error.h"
 #include "../../csrc/core/reduce/reduce.h"
-#include "check.h"
-#include "group.h"
+#include "refine_harness.h"
 
 using namespace collx;
+using namespace collx::test;
 
 namespace {
-
-constexpr int kRanks = 3;
-constexpr size_t kClose = 256 << 10;  // where the model finds direct and ring close
-
-// A model with direct predicted 0.8x ring at `close` bytes, tree and star far
-// off and slow: direct and ring are the two candidates there.
-Tuning closeModel(size_t close = kClose) {
-  Tuning t = Tuning::table();
-  t.cost[size_t(Algorithm::kRing)] = {0.1, 1000.0};
-  t.cost[size_t(Algorithm::kDirect)] = {0.1, 1000.0};
-  t.cost[size_t(Algorithm::kTree)] = {1e6, 1.0};
-  t.cost[size_t(Algorithm::kStar)] = {1e6, 1.0};
-  auto us = [&](Algorithm a, size_t bytes) { return predictAllreduceUs(t, a, kRanks, 2, bytes); };
-  while (us(Algorithm::kDirect, close) > 0.8 * us(Algorithm::kRing, close)) {
-    t.cost[size_t(Algorithm::kDirect)].bytesPerUs *= 1.02;
-  }
-  CHECK(chooseAllreduce(t, kRanks, 2, close) == Algorithm::kDirect, "the model picks direct at ", close, " B");
-  return t;
-}
-
-Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uint64_t seq = 1) {
-  return Collective{d, OpKind::kAllreduce, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60),
-                    512 << 10, 2, ws, &t};
-}
-
-// The ops of a trial among `candidates` in `rounds` blocks of `block`.
-int trialOps(int candidates, int block, int rounds) { return candidates * rounds * block; }
-
-// The candidate of trial op i between direct (the model's choice) and ring.
-Algorithm trialAlgorithm(int i, int block) { return i / block % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing; }
-
-double predictedAt(const Tuning& t, size_t bytes) {
-  return predictAllreduceUs(t, chooseAllreduce(t, kRanks, 2, bytes), kRanks, 2, bytes);
-}
-int blockAt(const Tuning& t, size_t bytes) { return Refiner::blockFor(predictedAt(t, bytes)); }
-int roundsAt(const Tuning& t, size_t bytes) { return Refiner::roundsFor(predictedAt(t, bytes) * blockAt(t, bytes)); }
-
-// Runs the check of what the trial from the model's `choice` kept, and the
-// op that settles it, each taking `us`: every op must run `expect`. Returns
-// how many ops that took. (A class that settles on another than `choice`
-// keeps trying() until its second trial: this stops once none is
-// "refining".)
-int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expect, double us,
-             Algorithm choice = Algorithm::kDirect) {
-  int ops = 0;
-  do {
-    const Algorithm a = refiner.choose(c, bytes, choice);
-    CHECK(a == expect, "check op ", ops, ": ", name(a), ", not ", name(expect));
-    refiner.ran(us);
-    ++ops;
-  } while (refiner.describe().find("refining: ") != std::string::npos);
-  return ops;
-}
-
-// Runs the trial that the model's `choice` starts, checking that its ops
-// take `order` in turn in blocks of `block`, each op taking us(algorithm).
-void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
-                    const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us) {
-  const int candidates = int(order.size());
-  for (int i = 0; i < trialOps(candidates, block, roundsAt(c.costs(), bytes)); ++i) {
-    const Algorithm a = refiner.choose(c, bytes, choice);
-    CHECK(a == order[size_t(i / block % candidates)], "trial op ", i, ": ", name(a));
-    refiner.ran(us(a));
-  }
-}
-
-// The trial between direct (the model's choice) and ring at kClose, each
-// op taking `directUs` or `ringUs`.
-void runDirectRingTrial(Refiner& refiner, const Collective& c, double directUs, double ringUs) {
-  runTrialInTurn(refiner, c, kClose, Algorithm::kDirect, {Algorithm::kDirect, Algorithm::kRing},
-                 blockAt(c.costs(), kClose), [&](Algorithm a) { return a == Algorithm::kDirect ? directUs : ringUs; });
-}
-
-// Checks in turn at kClose, from the op that ends the trial: each runs
-// `ops` ops of `algorithm`, taking `us` each.
-struct CheckStep {
-  Algorithm algorithm;
-  double us;
-  int ops;
-};
-void runChecks(Refiner& refiner, const Collective& c, const std::vector<CheckStep>& steps) {
-  for (size_t j = 0; j < steps.size(); ++j) {
-    for (int i = 0; i < steps[j].ops; ++i) {
-      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
-      CHECK(a == steps[j].algorithm, "check ", j, " op ", i, ": ", name(a));
-      refiner.ran(steps[j].us);
-    }
-  }
-}
-
-// The kept `expect` runs on at kClose, from the op after the one that settled
-// to the `last`-th, taking `us` each.
-void runKept(Refiner& refiner, const Collective& c, Algorithm expect, double us, uint64_t last) {
-  for (uint64_t i = 1; i < last; ++i) {
-    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == expect, "kept op ", i);
-    refiner.ran(us);
-  }
-}
-
-// One rank's refiner over its device, and the line it last settled on.
-struct Ranked {
-  Ranked(tcp::Device& d, const Tuning& t) : c(collective(d, t, ws)) {
-    refiner.onKept = [this](const std::string& s) { line = s; };
-  }
-  Workspace ws;
-  Refiner refiner;
-  std::string line;
-  const Collective c;
-};
 
 // Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
 // against 30): summed, ring wins (50 against 70 per trial pair), and every
@@ -267,58 +150,6 @@ void testSlowClassesTryLess() {
   });
 }
 
-// A trial whose fastest candidate ran over kSpellRatio times the model's
-// prediction (direct 50 ms, ring 80, where the model put direct at ~18) may
-// have run in a slow spell: after kConfirmUs of the kept direct's ops the
-// class tries again, and each candidate keeps its lower time of the two.
-// Where the spell has passed (ring 9 ms, direct 15), ring is kept; where it
-// holds (ring 80, direct 60), direct stays, on its first trial's 50 ms, and
-// the second trial is not doubted again.
-void testTrialFarSlowerThanTheModelIsTriedAgain() {
-  constexpr size_t kBig = 16 << 20;
-  const Tuning t = closeModel(kBig);
-  const int block = blockAt(t, kBig);
-  const double predicted = predictedAt(t, kBig);
-  CHECK(50000 > Refiner::kSpellRatio * predicted && 9000 < Refiner::kSpellRatio * predicted, "the model predicts ",
-        predicted, " us");
-  const uint64_t confirm = Refiner::confirmOpsFor(50000.0);
-  CHECK(confirm == 100 && Refiner::confirmOpsFor(10.0) == Refiner::kConfirmOps, "confirmOpsFor: ", confirm);
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    for (bool passed : {true, false}) {
-      Ranked k(*g.devices[r], t);
-      auto& [ws, refiner, line, c] = k;
-      const std::vector<Algorithm> order = {Algorithm::kDirect, Algorithm::kRing};
-      runTrialInTurn(refiner, c, kBig, Algorithm::kDirect, order, block,
-                     [](Algorithm a) { return a == Algorithm::kDirect ? 50000.0 : 80000.0; });
-      // The op that ends the trial, the check's, and the one that settles.
-      for (int i = 0; i <= Refiner::checkOpsFor(50000.0); ++i) {
-        CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "rank ", r, " check op ", i);
-        refiner.ran(50000.0);
-      }
-      char model[32];
-      std::snprintf(model, sizeof model, "%.1f", predicted);
-      CHECK(line == str("refined: 16 MiB: direct (50000.0 us) over ring (80000.0 us); over 2.5x the model's ", model,
-                        " us: tried again after 100 ops"),
-            line);
-      CHECK(refiner.trying(kBig, Algorithm::kDirect), "rank ", r, ": a doubted class has not settled");
-      for (uint64_t i = 1; i < confirm; ++i) {
-        CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "kept op ", i);
-        refiner.ran(50000.0);
-      }
-      runTrialInTurn(refiner, c, kBig, Algorithm::kDirect, order, block, [&](Algorithm a) {
-        return a == Algorithm::kDirect ? (passed ? 15000.0 : 60000.0) : passed ? 9000.0 : 80000.0;
-      });
-      const Algorithm kept = passed ? Algorithm::kRing : Algorithm::kDirect;
-      runCheck(refiner, c, kBig, kept, passed ? 9000.0 : 50000.0);
-      CHECK(line == (passed ? "refined: 16 MiB: ring (9000.0 us) over direct (15000.0 us)"
-                            : "refined: 16 MiB: direct (50000.0 us) over ring (80000.0 us)"),
-            "rank ", r, ": ", line);
-      CHECK(!refiner.trying(kBig, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
-    }
-  });
-}
-
 // Three algorithms predicted close: the trial runs each in turn, in blocks,
 // for both rounds: direct takes 5x star, but a block of it costs 0.3 ms
 // more, so it stays. Star, the fastest, is kept.
@@ -339,93 +170,6 @@ void testThreeCandidates() {
     CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (8.0 us); auto's own choice was direct: "
                   "tried again after 4096 ops",
           line);
-  });
-}
-
-// The trial keeps direct (10 us to ring's 15), but run on, direct takes 20
-// us: the class switches to ring and checks it, then looks at direct once
-// more, and keeps the lower of the two checked (for now where that is ring):
-//   ring holds 15, direct 20 again (a burst in the trial): ring;
-//   ring holds 15, direct back at 10 (its first check in a spell): direct;
-//   ring slows to 30, direct 20 again: direct.
-void testKeptChoiceMustKeepItsPace() {
-  const Tuning t = closeModel();
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    struct Case {
-      double ringHeld, directAgain;
-      Algorithm settled;
-      const char* line;
-    };
-    for (const Case& x : {
-             Case{15.0, 20.0, Algorithm::kRing,
-                  "refined: 256 KiB: ring (15.0 us) over direct (20.0 us sustained, 10.0 in the trial); auto's "
-                  "own choice was direct: tried again after 4096 ops"},
-             Case{15.0, 10.0, Algorithm::kDirect, "refined: 256 KiB: direct (10.0 us) over ring (15.0 us sustained, 15.0 in the trial)"},
-             Case{30.0, 20.0, Algorithm::kDirect, "refined: 256 KiB: direct (20.0 us) over ring (30.0 us sustained, 15.0 in the trial)"},
-         }) {
-      Ranked k(*g.devices[r], t);
-      auto& [ws, refiner, line, c] = k;
-      runDirectRingTrial(refiner, c, 10.0, 15.0);
-      runChecks(refiner, c,
-                {{Algorithm::kDirect, 20.0, Refiner::checkOpsFor(10)},
-                 {Algorithm::kRing, x.ringHeld, Refiner::checkOpsFor(15)},
-                 {Algorithm::kDirect, x.directAgain, Refiner::checkOpsFor(20)}});
-      // Where the checks overturned the trial, a second trial follows
-      // (testChecksThatOverturnTheTrialAreTriedAgain).
-      const bool again = x.settled != Algorithm::kDirect;
-      CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == x.settled && refiner.trying(kClose, Algorithm::kDirect) == again,
-            "rank ", r, " did not settle on ", name(x.settled));
-      CHECK(line == x.line, line);
-    }
-  });
-}
-
-// Checks that overturn their trial may have run in a slow spell: the trial
-// keeps direct (10 us to ring's 15), direct's check and its second look take
-// 30, and ring, at 15, is kept for now; after confirmOpsFor(15) of its ops
-// the class tries again, direct keeps its 10 us, and is kept.
-void testChecksThatOverturnTheTrialAreTriedAgain() {
-  const Tuning t = closeModel();
-  const uint64_t confirm = Refiner::confirmOpsFor(15.0);
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Ranked k(*g.devices[r], t);
-    auto& [ws, refiner, line, c] = k;
-    runDirectRingTrial(refiner, c, 10.0, 15.0);
-    runChecks(refiner, c,
-              {{Algorithm::kDirect, 30.0, Refiner::checkOpsFor(10)},
-               {Algorithm::kRing, 15.0, Refiner::checkOpsFor(15)},
-               {Algorithm::kDirect, 30.0, Refiner::checkOpsFor(30)}});
-    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == Algorithm::kRing, "rank ", r, ": ring not kept for now");
-    CHECK(line == str("refined: 256 KiB: ring (15.0 us) over direct (30.0 us sustained, 10.0 in the trial); auto's "
-                      "own choice was direct: tried again after ", confirm, " ops"),
-          line);
-    CHECK(refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": a doubted class has not settled");
-    runKept(refiner, c, Algorithm::kRing, 15.0, confirm);
-    runDirectRingTrial(refiner, c, 10.0, 15.0);
-    runCheck(refiner, c, kClose, Algorithm::kDirect, 10.0);
-    CHECK(line == "refined: 256 KiB: direct (10.0 us) over ring (15.0 us)", "rank ", r, ": ", line);
-    CHECK(!refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
-  });
-}
-
-// A second trial keeps each candidate's checks of the first: ring (5 us to
-// direct's 10) is kept, checked at 5, and tried again; in the second trial
-// its check runs in a spell, at 50 us, and ring stays, on its first check.
-void testSecondTrialKeepsTheFirstChecks() {
-  const Tuning t = closeModel();
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Ranked k(*g.devices[r], t);
-    auto& [ws, refiner, line, c] = k;
-    runDirectRingTrial(refiner, c, 10.0, 5.0);
-    runCheck(refiner, c, kClose, Algorithm::kRing, 5.0);
-    runKept(refiner, c, Algorithm::kRing, 5.0, Refiner::confirmOpsFor(5.0));
-    runDirectRingTrial(refiner, c, 10.0, 5.0);
-    runCheck(refiner, c, kClose, Algorithm::kRing, 50.0);
-    CHECK(line == "refined: 256 KiB: ring (5.0 us) over direct (10.0 us)", "rank ", r, ": ", line);
-    CHECK(!refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": the second trial was doubted too");
   });
 }
 
@@ -622,10 +366,6 @@ int main() {
   testAgreementOverrulesOneClock();
   testThreeCandidates();
   testSlowClassesTryLess();
-  testTrialFarSlowerThanTheModelIsTriedAgain();
-  testKeptChoiceMustKeepItsPace();
-  testChecksThatOverturnTheTrialAreTriedAgain();
-  testSecondTrialKeepsTheFirstChecks();
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
   testSharedWindowsAreACandidate();

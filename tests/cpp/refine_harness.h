@@ -1,0 +1,127 @@
+// The harness of the refiner's tests (test_refine.cc, test_refine_checks.cc):
+// a model where direct and ring are close, one rank's refiner, and helpers
+// that run a trial, its checks and the kept ops, checking each op's
+// algorithm and giving it the time the test says.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../../csrc/core/algorithms/refine.h"
+#include "../../csrc/core/algorithms/tuning.h"
+#include "check.h"
+#include "group.h"
+
+namespace collx::test {
+
+constexpr int kRanks = 3;
+constexpr size_t kClose = 256 << 10;  // where the model finds direct and ring close
+
+// A model with direct predicted 0.8x ring at `close` bytes, tree and star far
+// off and slow: direct and ring are the two candidates there.
+inline Tuning closeModel(size_t close = kClose) {
+  Tuning t = Tuning::table();
+  t.cost[size_t(Algorithm::kRing)] = {0.1, 1000.0};
+  t.cost[size_t(Algorithm::kDirect)] = {0.1, 1000.0};
+  t.cost[size_t(Algorithm::kTree)] = {1e6, 1.0};
+  t.cost[size_t(Algorithm::kStar)] = {1e6, 1.0};
+  auto us = [&](Algorithm a, size_t bytes) { return predictAllreduceUs(t, a, kRanks, 2, bytes); };
+  while (us(Algorithm::kDirect, close) > 0.8 * us(Algorithm::kRing, close)) {
+    t.cost[size_t(Algorithm::kDirect)].bytesPerUs *= 1.02;
+  }
+  CHECK(chooseAllreduce(t, kRanks, 2, close) == Algorithm::kDirect, "the model picks direct at ", close, " B");
+  return t;
+}
+
+inline Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uint64_t seq = 1) {
+  return Collective{d, OpKind::kAllreduce, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60),
+                    512 << 10, 2, ws, &t};
+}
+
+// The ops of a trial among `candidates` in `rounds` blocks of `block`.
+inline int trialOps(int candidates, int block, int rounds) { return candidates * rounds * block; }
+
+// The candidate of trial op i between direct (the model's choice) and ring.
+inline Algorithm trialAlgorithm(int i, int block) { return i / block % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing; }
+
+inline double predictedAt(const Tuning& t, size_t bytes) {
+  return predictAllreduceUs(t, chooseAllreduce(t, kRanks, 2, bytes), kRanks, 2, bytes);
+}
+inline int blockAt(const Tuning& t, size_t bytes) { return Refiner::blockFor(predictedAt(t, bytes)); }
+inline int roundsAt(const Tuning& t, size_t bytes) { return Refiner::roundsFor(predictedAt(t, bytes) * blockAt(t, bytes)); }
+
+// Runs the check of what the trial from the model's `choice` kept, and the
+// op that settles it, each taking `us`: every op must run `expect`. Returns
+// how many ops that took. (A class that settles on another than `choice`
+// keeps trying() until its second trial: this stops once none is
+// "refining".)
+inline int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorithm expect, double us,
+             Algorithm choice = Algorithm::kDirect) {
+  int ops = 0;
+  do {
+    const Algorithm a = refiner.choose(c, bytes, choice);
+    CHECK(a == expect, "check op ", ops, ": ", name(a), ", not ", name(expect));
+    refiner.ran(us);
+    ++ops;
+  } while (refiner.describe().find("refining: ") != std::string::npos);
+  return ops;
+}
+
+// Runs the trial that the model's `choice` starts, checking that its ops
+// take `order` in turn in blocks of `block`, each op taking us(algorithm).
+inline void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
+                    const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us) {
+  const int candidates = int(order.size());
+  for (int i = 0; i < trialOps(candidates, block, roundsAt(c.costs(), bytes)); ++i) {
+    const Algorithm a = refiner.choose(c, bytes, choice);
+    CHECK(a == order[size_t(i / block % candidates)], "trial op ", i, ": ", name(a));
+    refiner.ran(us(a));
+  }
+}
+
+// The trial between direct (the model's choice) and ring at kClose, each
+// op taking `directUs` or `ringUs`.
+inline void runDirectRingTrial(Refiner& refiner, const Collective& c, double directUs, double ringUs) {
+  runTrialInTurn(refiner, c, kClose, Algorithm::kDirect, {Algorithm::kDirect, Algorithm::kRing},
+                 blockAt(c.costs(), kClose), [&](Algorithm a) { return a == Algorithm::kDirect ? directUs : ringUs; });
+}
+
+// Checks in turn at kClose, from the op that ends the trial: each runs
+// `ops` ops of `algorithm`, taking `us` each.
+struct CheckStep {
+  Algorithm algorithm;
+  double us;
+  int ops;
+};
+inline void runChecks(Refiner& refiner, const Collective& c, const std::vector<CheckStep>& steps) {
+  for (size_t j = 0; j < steps.size(); ++j) {
+    for (int i = 0; i < steps[j].ops; ++i) {
+      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+      CHECK(a == steps[j].algorithm, "check ", j, " op ", i, ": ", name(a));
+      refiner.ran(steps[j].us);
+    }
+  }
+}
+
+// The kept `expect` runs on at kClose, from the op after the one that settled
+// to the `last`-th, taking `us` each.
+inline void runKept(Refiner& refiner, const Collective& c, Algorithm expect, double us, uint64_t last) {
+  for (uint64_t i = 1; i < last; ++i) {
+    CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == expect, "kept op ", i);
+    refiner.ran(us);
+  }
+}
+
+// One rank's refiner over its device, and the line it last settled on.
+struct Ranked {
+  Ranked(tcp::Device& d, const Tuning& t) : c(collective(d, t, ws)) {
+    refiner.onKept = [this](const std::string& s) { line = s; };
+  }
+  Workspace ws;
+  Refiner refiner;
+  std::string line;
+  const Collective c;
+};
+
+}  // namespace collx::test
