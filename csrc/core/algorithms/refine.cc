@@ -132,7 +132,7 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
     if (k.doubted) {
       next.second = true;
       std::copy(std::begin(k.agreedUs), std::end(k.agreedUs), next.firstUs);
-      for (int i = 0; i < k.count; ++i) next.firstCheckUs[i] = k.checks[i] > 0 ? k.agreedUs[i] : 0;
+      for (int i = 0; i < k.count; ++i) next.firstChecked[i] = k.checks[i] > 0;
     }
     k = std::move(next);
   }
@@ -209,7 +209,7 @@ void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mute
   agree(c, &sum, 1, lock);
   const int now = k.kept;
   double us = sum / c.size();
-  if (k.firstCheckUs[now] > 0) us = std::min(us, k.firstCheckUs[now]);  // a spell only slows ops down
+  if (k.firstChecked[now]) us = std::min(us, k.firstUs[now]);  // a spell only slows ops down
   k.agreedUs[now] = k.checks[now]++ > 0 ? std::min(k.agreedUs[now], us) : us;
   k.checkOps = 0;
   k.checkRuns = 0;

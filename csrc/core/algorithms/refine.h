@@ -261,7 +261,7 @@ class Refiner {
     bool doubted = false;          // the trial ran far slower than the model, or the class settled on another than auto's own choice: a second one follows
     bool second = false;           // this is that second trial
     double firstUs[kMax] = {};     // and the first one's agreed times
-    double firstCheckUs[kMax] = {};  // and checked times (0: not checked then)
+    bool firstChecked[kMax] = {};  // firstUs[i] is from a check
   };
   static Class fresh(const Collective& c, size_t bytes, Algorithm choice);
   // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
