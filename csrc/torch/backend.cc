@@ -239,13 +239,13 @@ std::vector<int> CollxBackend::hosts() const {
   return out;
 }
 
-Algorithm CollxBackend::autoAllreduce(size_t bytes) const {
-  return refiner_.kept(bytes, resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes));
+Algorithm CollxBackend::autoBeforeRefining(size_t bytes) const {
+  return resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes);
 }
 
-bool CollxBackend::refining(size_t bytes) const {
-  return refiner_.trying(bytes, resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes));
-}
+Algorithm CollxBackend::autoAllreduce(size_t bytes) const { return refiner_.kept(bytes, autoBeforeRefining(bytes)); }
+
+bool CollxBackend::refining(size_t bytes) const { return refiner_.trying(bytes, autoBeforeRefining(bytes)); }
 
 std::string CollxBackend::describeTuning() const {
   const std::string refined = refiner_.describe();

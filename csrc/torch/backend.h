@@ -144,6 +144,8 @@ class CollxBackend : public c10d::Backend {
   Algorithm autoAllreduce(size_t bytes) const;
   // Whether online refinement is still trying algorithms for `bytes`.
   bool refining(size_t bytes) const;
+  // What auto takes for `bytes` by its rules and model, before refinement.
+  Algorithm autoBeforeRefining(size_t bytes) const;
   const Tuning& tuning() const { return tuning_; }
   // The model's constants and crossovers, then what online refinement kept.
   std::string describeTuning() const;
