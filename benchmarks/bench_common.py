@@ -25,11 +25,20 @@ def parse_sizes(spec, max_size, smallest):
     return sorted({s for s in sizes if smallest <= s <= parse_size(max_size)})
 
 
+def _agreed(xs, op):
+    t = torch.tensor(xs, dtype=torch.float64)
+    dist.all_reduce(t, op=op)
+    return t.tolist() if len(xs) > 1 else t.item()
+
+
 def agreed_max(*xs):
     """Elementwise max of floats over all ranks, via the gloo default group."""
-    t = torch.tensor(xs, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist() if len(xs) > 1 else t.item()
+    return _agreed(xs, dist.ReduceOp.MAX)
+
+
+def agreed_sum(*xs):
+    """Elementwise sum of floats over all ranks, via the gloo default group."""
+    return _agreed(xs, dist.ReduceOp.SUM)
 
 
 def compare_to_gloo(row, gloo_row, is_gloo):

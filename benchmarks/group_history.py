@@ -28,6 +28,12 @@ Measured on the 2-core machine, n=3 over TCP, 64 MiB: ring stayed at 50-54
 ms an op in all six phases, while star took 41.7 ms in the first and 60-70
 in the last three, and tree 44-69: which of them is fastest depends on
 when it is asked, by more than 10%.
+
+Each phase also prints the mean op's time inside the backend (what auto's
+online refinement times), to see whether it ranks the algorithms as the time
+from op to op does. Over shared memory at n=3, 16 KiB, with --algorithms
+shm,direct --turns 16,256 --rounds 2048: the windows took 0.81-1.03x direct's
+time op to op and 0.84-1.01x inside, in eight phases over two runs.
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 import torchcollx
-from bench_common import interleaved_medians, parse_size, run_ops
+from bench_common import agreed_sum, interleaved_medians, parse_size, run_ops
 
 
 def history(args):
@@ -58,17 +64,36 @@ def history(args):
             print(f"phase {phase}: " + "  ".join(f"{n} {t * 1e6:.0f} us" for n, t in med.items()), flush=True)
 
 
+def in_backend(groups):
+    """{algorithm: (seconds, calls)} of each forced group's all-reduces inside the backend."""
+    out = {}
+    for a, g in groups.items():
+        s = torchcollx.get_stats(g)["algorithms"].get(f"all_reduce/{a}", {"seconds": 0.0, "calls": 0})
+        out[a] = (s["seconds"], s["calls"])
+    return out
+
+
 def phases(args):
     groups = {a: dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=a, transport=args.transport))
               for a in args.algorithms}
     buf = torch.zeros(max(1, args.size // 4))
     for g in groups.values():
         run_ops(g, buf, 5)
+    n = dist.get_world_size()
     for _ in range(2):
-        for k in (1, 4, 12):
+        for k in args.turns:
+            before = in_backend(groups)
             med = interleaved_medians(groups, buf, max(3, args.rounds // k), k)
+            after = in_backend(groups)
+            # The mean op inside the backend, over the phase's ops and the ranks
+            # (as the refiner agrees a time): beside the time from op to op, it
+            # shows whether both rank the algorithms alike.
+            inside = agreed_sum(*[(after[a][0] - before[a][0]) / max(1, after[a][1] - before[a][1]) / n
+                                  for a in groups])
+            inside = inside if isinstance(inside, list) else [inside]
             if dist.get_rank() == 0:
-                print(f"turns of {k:2d}: " + "  ".join(f"{a} {t * 1e6:.0f} us" for a, t in med.items()), flush=True)
+                print(f"turns of {k:2d}: " + "  ".join(f"{a} {med[a] * 1e6:.1f} us ({t * 1e6:.1f} inside)"
+                                                       for a, t in zip(groups, inside)), flush=True)
 
 
 def main():
@@ -78,8 +103,10 @@ def main():
     p.add_argument("--algorithms", default="ring", help="one: the history; several: the phases")
     p.add_argument("--transport", default="tcp")
     p.add_argument("--rounds", type=int, default=None, help="default 40 (history), 24 (phases)")
+    p.add_argument("--turns", default="1,4,12", help="the phases' ops per turn, a comma list")
     args = p.parse_args()
     args.algorithms = args.algorithms.split(",")
+    args.turns = [int(k) for k in args.turns.split(",")]
     dist.init_process_group("gloo")
     run = history if len(args.algorithms) == 1 else phases
     args.rounds = args.rounds or (40 if run is history else 24)
