@@ -90,7 +90,6 @@ def phases(args):
             # shows whether both rank the algorithms alike.
             inside = agreed_sum(*[(after[a][0] - before[a][0]) / max(1, after[a][1] - before[a][1]) / n
                                   for a in groups])
-            inside = inside if isinstance(inside, list) else [inside]
             if dist.get_rank() == 0:
                 print(f"turns of {k:2d}: " + "  ".join(f"{a} {med[a] * 1e6:.1f} us ({t * 1e6:.1f} inside)"
                                                        for a, t in zip(groups, inside)), flush=True)
