@@ -144,13 +144,13 @@ class CollxBackend : public c10d::Backend {
   Algorithm autoAllreduce(size_t bytes) const;
   // Whether online refinement is still trying algorithms for `bytes`.
   bool refining(size_t bytes) const;
-  // What auto takes for `bytes` by its rules and model, before refinement.
-  Algorithm autoBeforeRefining(size_t bytes) const;
   const Tuning& tuning() const { return tuning_; }
   // The model's constants and crossovers, then what online refinement kept.
   std::string describeTuning() const;
 
  private:
+  // What auto takes for `bytes` by its rules and model, before refinement.
+  Algorithm autoBeforeRefining(size_t bytes) const;
   // Runs on the executor (or inline in a waiting caller); returns the stats
   // label of what ran.
   using Body = std::function<std::string(const Collective&)>;
