@@ -67,6 +67,9 @@ variant() {  # ranks, name, VAR=value...
 for n in 2 4; do
   want allreduce && bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M --transports shm,tcp
   want allreduce && bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M --transports shm,tcp
+  # auto's all-reduce through the ranks' device buffers against staging it on the host.
+  want allreduce && VARS=COLLX_PEER_BUFFER_BYTES=off bench bench_allreduce_cuda_staged_n$n $n cuda \
+    4K,64K,1M,16M,64M --transports shm --backends collx
   if want variants; then
     bench "bench_var_n${n}_cpu" "$n" cpu 4M,16M,64M --backends collx --time-per-point 0.2  # the floor
     for chunk in 4194304 8388608 16777216 off; do variant $n chunk_$chunk COLLX_STAGING_CHUNK_BYTES=$chunk; done

@@ -92,6 +92,8 @@ def _matrix(rank, ws):
         labels = set(stats["algorithms"])
         concrete = [a for a in ALGORITHMS if a not in ("auto", "hier")]  # one host: auto never takes hier
         allowed = {f"all_reduce/{a}" for a in concrete} if algo == "auto" else {f"all_reduce/{algo}"}
+        if algo == "auto" and os.environ.get("COLLX_STAGE_CPU_TENSORS") == "1":
+            allowed.add("all_reduce/peers")  # staged tensors on one host (csrc/torch/peer_allreduce.h)
         if not labels or not labels <= allowed:
             stats_fails.append(f"Options(algorithm={algo!r}): stats labels {sorted(labels)}, expected a subset of "
                                f"{sorted(allowed)}")

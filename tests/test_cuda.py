@@ -31,6 +31,8 @@ LARGE = 4 * 1024 * 1024 + 3  # float32: 16 MiB, pipelined (8, 8 MiB and 12 B)
 # Whether this rank runs with reductions on the GPU (COLLX_DEVICE_REDUCE_MIN_BYTES).
 ON_GPU = os.environ.get("COLLX_DEVICE_REDUCE_MIN_BYTES", "off") != "off"
 DEV = torch.device("cuda", 0)
+# Whether auto may all-reduce through the ranks' device buffers (COLLX_PEER_BUFFER_BYTES).
+PEERS = os.environ.get("COLLX_PEER_BUFFER_BYTES", "") != "off"
 
 
 def check_all_reduce_matrix(rank, ws, fail):
@@ -59,6 +61,13 @@ def check_all_reduce_matrix(rank, ws, fail):
         # The ring reduces into each rank's own buffer: on the GPU, into the tensor.
         elif algo == "ring" and stats["device_reductions_in_tensor"] <= 0:
             fail(f"ring: the large all_reduce ran no reduction into its tensor on the GPU: {stats}")
+        # One host, one GPU: auto reduces through the ranks' mapped device
+        # buffers (peer_allreduce.h), but AVG and PREMUL_SUM stage on the host.
+        peers = stats["algorithms"].get("all_reduce/peers", {}).get("calls", 0)
+        if algo == "auto" and PEERS and not peers:
+            fail(f"auto: no all_reduce ran through the peers' device buffers: {stats}")
+        if algo != "auto" and peers:
+            fail(f"{algo}: all_reduce ran through the peers' device buffers: {stats}")
 
 
 def check_noncontiguous_and_coalesced(rank, ws, fail):
@@ -233,6 +242,14 @@ test_cuda = suite_test(__name__, "CHECKS", [2, 4], setup="_use_gpu0", timeout=30
 ALL_ON_GPU_CHECKS = [check_all_reduce_matrix, check_moving_collectives]
 test_cuda_every_reduction_on_gpu = suite_test(__name__, "ALL_ON_GPU_CHECKS", [2], setup="_use_gpu0", timeout=300,
                                               env={"COLLX_DEVICE_REDUCE_MIN_BYTES": "0"})
+
+
+# The all-reduce through peers' device buffers in 1 MiB chunks (the large
+# tensor in 17), and, for comparison, every all-reduce staged on the host.
+test_cuda_peer_chunks = suite_test(__name__, "ALL_ON_GPU_CHECKS", [2], setup="_use_gpu0", timeout=300,
+                                   env={"COLLX_PEER_BUFFER_BYTES": "1048576"})
+test_cuda_without_peers = suite_test(__name__, "CHECKS", [2], setup="_use_gpu0", timeout=300,
+                                     env={"COLLX_PEER_BUFFER_BYTES": "off"})
 
 
 def _split_group(rank, ws):

@@ -23,7 +23,8 @@ import test_allreduce  # noqa: E402
 import test_gather_ops  # noqa: E402
 import test_p2p  # noqa: E402
 import test_reduce_ops  # noqa: E402
-from common import ALGORITHMS, DTYPES, Suite, dtype_name, expected, gen, mismatch, reduce_op, run_checks  # noqa: E402
+from common import (ALGORITHMS, DTYPES, Suite, dtype_name, expected, gen, mismatch, ops_for, reduce_op,  # noqa: E402
+                    run_checks, tolerance)
 from launcher import run_ranks  # noqa: E402
 
 # The table (COLLX_TUNING): test_gather_ops' checks expect its tree arities.
@@ -166,15 +167,19 @@ def _device_reductions_from(rank, ws):
                                                                      1e-5, 1e-5)
 
 
+# The default group's auto would take the peers' buffers (no reductions).
+HOST_STAGED_ENV = {**STAGED_ENV, "COLLX_PEER_BUFFER_BYTES": "off"}
+
+
 def test_device_reductions_off():
-    env = {**STAGED_ENV, "COLLX_DEVICE_REDUCE_MIN_BYTES": "off"}
+    env = {**HOST_STAGED_ENV, "COLLX_DEVICE_REDUCE_MIN_BYTES": "off"}
     for staged, reductions, m in run_ranks(_device_reductions_from, 2, timeout=60, env=env):
         assert (staged, reductions, m) == (1, 0, None)
 
 
 def test_device_reductions_from_64k():
     """COLLX_DEVICE_REDUCE_MIN_BYTES=65536: a 4 MiB all_reduce reduces on the "device"."""
-    env = {**STAGED_ENV, "COLLX_DEVICE_REDUCE_MIN_BYTES": "65536"}
+    env = {**HOST_STAGED_ENV, "COLLX_DEVICE_REDUCE_MIN_BYTES": "65536"}
     for staged, reductions, m in run_ranks(_device_reductions_from, 2, timeout=60, env=env):
         assert staged == 1 and reductions > 0 and m is None
 
@@ -230,5 +235,68 @@ def _pipelined(rank, ws):
 
 @pytest.mark.parametrize("reduce_min", ["off", "0"])
 def test_pipelined_in_small_chunks(reduce_min):
-    env = {**STAGED_ENV, "COLLX_STAGING_CHUNK_BYTES": "4000", "COLLX_DEVICE_REDUCE_MIN_BYTES": reduce_min}
+    # Without the all-reduce through peers' buffers, which auto takes otherwise.
+    env = {**HOST_STAGED_ENV, "COLLX_STAGING_CHUNK_BYTES": "4000", "COLLX_DEVICE_REDUCE_MIN_BYTES": reduce_min}
     assert run_ranks(_pipelined, 3, timeout=120, env=env) == [[]] * 3
+
+
+def _through_peers(rank, ws):
+    """Every dtype, op and awkward count through an auto group, which takes the
+    peers' buffers for every op but AVG and PREMUL_SUM; a forced algorithm and
+    a non-contiguous tensor are staged as before. Returns the mismatches and
+    the ops each path ran."""
+    out = []
+    auto = dist.new_group(backend="collx")
+    ring = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm="ring"))
+    through_peers = 0
+    for dtype in DTYPES:
+        for op in ops_for(dtype):
+            for count in (0, 1, 7, 1000, 100_003):
+                t = gen(rank, dtype, op, count)
+                dist.all_reduce(t, op=reduce_op(op), group=auto)
+                if m := mismatch(t, expected(ws, dtype, op, count), *tolerance(dtype, op)):
+                    out.append(f"{op} {dtype_name(dtype)} count={count}: {m}")
+                through_peers += op not in ("AVG", "PREMUL_SUM")
+    t = gen(rank, torch.float32, "SUM", 1000)
+    dist.all_reduce(t, group=ring)
+    strided = gen(rank, torch.float32, "SUM", 2000)[::2]
+    dist.all_reduce(strided, group=auto)
+    for name, got, want in (("ring", t, expected(ws, torch.float32, "SUM", 1000)),
+                            ("strided", strided, expected(ws, torch.float32, "SUM", 2000)[::2])):
+        if m := mismatch(got, want, 1e-6, 1e-6):
+            out.append(f"{name}: {m}")
+    calls = lambda group: {k: v["calls"] for k, v in torchcollx.get_stats(group)["algorithms"].items()}  # noqa: E731
+    return out, through_peers, calls(auto), calls(ring)
+
+
+@pytest.mark.parametrize("buffer_bytes", ["4096", None])
+def test_allreduce_through_peers_buffers(buffer_bytes):
+    """Memfd buffers stand for CUDA IPC ones; 4096-byte buffers make the larger
+    counts run in chunks, the default (64 MiB) in one."""
+    env = {**STAGED_ENV, "COLLX_PEER_BUFFER_BYTES": buffer_bytes} if buffer_bytes else STAGED_ENV
+    for out, through_peers, auto, ring in run_ranks(_through_peers, 3, timeout=180, env=env):
+        assert out == []
+        assert auto.pop("all_reduce/peers") == through_peers
+        # AVG, PREMUL_SUM and the strided tensor: staged through host memory.
+        assert sum(auto.values()) == 2 * 5 * len([d for d in DTYPES if d.is_floating_point]) + 5 * len(
+            [d for d in DTYPES if not d.is_floating_point and d != torch.bool]) + 1
+        assert "all_reduce/peers" not in ring
+
+
+def _peers_off(rank, ws):
+    t = gen(rank, torch.float32, "SUM", 1000)
+    dist.all_reduce(t)
+    return list(torchcollx.get_stats()["algorithms"]), mismatch(t, expected(ws, torch.float32, "SUM", 1000))
+
+
+def test_peer_buffers_off():
+    env = HOST_STAGED_ENV
+    for labels, m in run_ranks(_peers_off, 2, timeout=60, env=env):
+        assert m is None and len(labels) == 1 and labels[0] != "all_reduce/peers"
+
+
+@pytest.mark.parametrize("value", ["-1", "64M", "0", "4095"])
+def test_bad_peer_buffer_bytes_is_a_clear_error(value):
+    with pytest.raises(AssertionError, match="COLLX_PEER_BUFFER_BYTES=.*(must be a byte count or off|use off or at "
+                                             "least 4096 bytes)"):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_PEER_BUFFER_BYTES": value})

@@ -17,6 +17,7 @@
 #include "core/executor.h"
 #include "core/transport/tcp/device.h"
 #include "log.h"
+#include "peer_allreduce.h"
 #include "staging.h"
 
 namespace collx::torch_glue {
@@ -36,6 +37,7 @@ struct Config {
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
   size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
   size_t stagingChunkBytes = kPipelineChunkBytes;       // COLLX_STAGING_CHUNK_BYTES (staging.h)
+  size_t peerBufferBytes = kPeerBufferBytes;            // COLLX_PEER_BUFFER_BYTES (peer_allreduce.h)
   LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
   TuningPolicy tuning;  // COLLX_TUNING: calibrate (default), table, or a file (core/algorithms/calibrate.h)
 };
@@ -215,6 +217,7 @@ class CollxBackend : public c10d::Backend {
   Tuning tuning_ = Tuning::table();  // auto's cost model, fitted at creation
   Refiner refiner_;                  // and its online refinement, under COLLX_TUNING=calibrate
   Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)
+  PeerAllreduce peers_{config_.peerBufferBytes, config_.logLevel};  // executor thread only
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<P2POp> coalesced_;

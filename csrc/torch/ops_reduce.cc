@@ -36,10 +36,16 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
     return resolveOp(op, dtype, "all_reduce", rank_, intoTensor);
   });
   const int size = size_;
-  // A large staged tensor is all-reduced chunk by chunk, overlapping its copies.
+  // A staged tensor of an auto group on one host is all-reduced on its
+  // device, through the ranks' mapped buffers (peer_allreduce.h), or else
+  // pipelined like a large one: chunk by chunk, overlapping its copies.
   std::shared_ptr<Staging> pipeline = Staging::current();
-  if (pipeline && !(outputs.size() == 1 && pipeline->pipelines(outputs[0]))) pipeline = nullptr;
-  auto body = [this, outputs, r, dtype, algo, size, pipeline](const Collective& c) {
+  const bool viaPeers = pipeline && outputs.size() == 1 && algo == Algorithm::kAuto && !r.premul && !r.average &&
+                        size_ > 1 && config_.peerBufferBytes != SIZE_MAX && device_->hostCount() == 1 &&
+                        pipeline->claim(outputs[0]);
+  if (pipeline && !viaPeers && !(outputs.size() == 1 && pipeline->pipelines(outputs[0]))) pipeline = nullptr;
+  auto body = [this, outputs, r, dtype, algo, size, pipeline, viaPeers](const Collective& c) {
+    if (viaPeers && peers_.run(*pipeline, c, pipeline->deviceOf(outputs)[0], dtype, r.op)) return std::string("all_reduce/peers");
     Algorithm ran;
     auto run = [&](void* p, size_t n) {
       withScaling(r, dtype, p, n, size, [&] { ran = collx::allreduce(c, algo, p, n, r.fn); });

@@ -1,9 +1,12 @@
 #include "staging.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/transport/shm/segment.h"
 #include "tensor_checks.h"
 
 namespace collx::torch_glue {
@@ -17,6 +20,38 @@ namespace {
 
 thread_local std::shared_ptr<Staging> tlsCurrent;
 
+// The CPU emulation's peer buffers: a memfd segment per rank, which the
+// others map by the creator's pid and descriptor (shm/segment.h).
+class HostPeerBuffers final : public PeerBuffers {
+ public:
+  HostPeerBuffers(size_t bytes, int rank, int size)
+      : PeerBuffers(bytes, rank, size), own_(shm::Segment::create(bytes)) {
+    ptrs_[size_t(rank)] = own_.data();
+  }
+  Blob exported() const override {
+    Blob b{};
+    b[0] = 1;
+    const int32_t ids[2] = {int32_t(getpid()), int32_t(own_.fd())};
+    std::memcpy(b.data() + 8, ids, sizeof ids);
+    return b;
+  }
+  std::string attach(const std::vector<Blob>& blobs) override {
+    for (size_t r = 0; r < blobs.size(); ++r) {
+      if (int(r) == rank_) continue;
+      int32_t ids[2];
+      std::memcpy(ids, blobs[r].data() + 8, sizeof ids);
+      peers_.push_back(shm::Segment::attach(pid_t(ids[0]), ids[1], bytes_));
+      ptrs_[r] = peers_.back().data();
+    }
+    return "";
+  }
+  void attached() override { own_.closeFd(); }
+
+ private:
+  shm::Segment own_;
+  std::vector<shm::Segment> peers_;
+};
+
 // CPU tensors through the staging path (COLLX_STAGE_CPU_TENSORS=1): plain
 // copies, and "device" reductions on scratch copies of dst and src, the way
 // the CUDA staging moves them.
@@ -26,6 +61,15 @@ class HostStaging final : public Staging {
   bool owns(c10::Device device) const override { return device.is_cpu(); }
   std::vector<c10::Device> devices() const override { return {}; }
   void recordCaller() override {}
+  c10::Device device() const override { return c10::Device(at::kCPU); }
+  void deviceCopy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void deviceReduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
+    cpuReduceFn(dtype, op)(dst, src, count);
+  }
+  void synchronize() override {}
+  std::unique_ptr<PeerBuffers> newPeerBuffers(size_t bytes, int rank, int size) override {
+    return std::make_unique<HostPeerBuffers>(bytes, rank, size);
+  }
 
  protected:
   at::Tensor hostLike(const at::Tensor& device) override { return at::empty(device.sizes(), device.options()); }
@@ -38,7 +82,6 @@ class HostStaging final : public Staging {
     return 0;
   }
   void waitFor(size_t) override {}
-  void synchronize() override {}
   void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
     const size_t bytes = count * elementSize(dtype);
     scratch_.resize(2 * bytes);
@@ -133,7 +176,7 @@ void Staging::copyIn() {
   waitCaller();
   std::vector<at::Tensor> dst, src;
   for (const auto& m : mirrors_) {
-    if (m.in && !m.pipelined) dst.push_back(m.host), src.push_back(m.device);
+    if (m.in && !m.claimed) dst.push_back(m.host), src.push_back(m.device);
   }
   copyAll(dst, src);
 }
@@ -141,28 +184,34 @@ void Staging::copyIn() {
 void Staging::copyOut() {
   std::vector<at::Tensor> dst, src;
   for (const auto& m : mirrors_) {
-    if (m.out && !m.pipelined) dst.push_back(m.device), src.push_back(m.host);
+    if (m.out && !m.claimed) dst.push_back(m.device), src.push_back(m.host);
   }
   copyAll(dst, src);
 }
 
-bool Staging::pipelines(const at::Tensor& host) {
+bool Staging::claim(const at::Tensor& host) {
   for (auto& m : mirrors_) {
     if (!m.host.is_same(host)) continue;
-    m.pipelined = m.in && m.out && m.device.is_contiguous() && chunkBytes_ <= size_t(host.nbytes()) / 2;
-    return m.pipelined;
+    m.claimed = m.claimed || (m.in && m.out && m.device.is_contiguous());
+    return m.claimed;
   }
   return false;
+}
+
+bool Staging::pipelines(const at::Tensor& host) {
+  return chunkBytes_ <= size_t(host.nbytes()) / 2 && claim(host);
 }
 
 void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run) {
   const Mirror* m = nullptr;
   for (const auto& candidate : mirrors_) {
-    if (candidate.host.is_same(host) && candidate.pipelined) m = &candidate;
+    if (candidate.host.is_same(host) && candidate.claimed) m = &candidate;
   }
-  TORCH_INTERNAL_ASSERT(m, "collx: pipeline() on a tensor that pipelines() did not accept");
+  TORCH_INTERNAL_ASSERT(m, "collx: pipeline() on a tensor that was not claimed");
   const at::Tensor h = m->host.view(-1), d = m->device.view(-1);
-  const int64_t n = h.numel(), step = std::max<int64_t>(1, int64_t(chunkBytes_ / h.element_size()));
+  // One chunk when chunkBytes_ is off (SIZE_MAX) or the tensor is small.
+  const int64_t n = h.numel();
+  const int64_t step = int64_t(std::clamp<size_t>(chunkBytes_ / size_t(h.element_size()), 1, std::max<size_t>(size_t(n), 1)));
   waitCaller();
   std::vector<size_t> down;
   for (int64_t at = 0; at < n; at += step) {

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "core/reduce/reduce.h"
+#include "peer_buffers.h"
 
 namespace collx::torch_glue {
 
@@ -68,6 +69,11 @@ constexpr size_t kDeviceReduceMinBytes = SIZE_MAX;
 // chunks ran 16 MiB 1.19x faster than 4 MiB ones at n=4 and 64 MiB 1.09x
 // faster at n=2; 16 MiB chunks and no pipelining were not better overall.
 constexpr size_t kPipelineChunkBytes = 8 << 20;
+// Default of COLLX_PEER_BUFFER_BYTES: the largest device buffer each rank
+// maps for the all-reduce through peers' buffers (peer_allreduce.h); larger
+// tensors run in chunks of it.
+constexpr size_t kPeerBufferBytes = 64 << 20;
+constexpr size_t kPeerBufferMinBytes = 4096;
 
 class Staging {
  public:
@@ -104,13 +110,25 @@ class Staging {
   void copyIn();
   void copyOut();
 
-  // Caller thread: whether the mirror `host` (in and out, of a contiguous
-  // device tensor, >= 2 chunks) will be pipelined; if so, copyIn and copyOut
-  // leave it to pipeline().
+  // Caller thread: leaves the mirror `host` (in and out, of a contiguous
+  // device tensor) to the op, which moves its bytes itself: copyIn and
+  // copyOut skip it. False, and nothing changes, if it is not such a mirror.
+  bool claim(const at::Tensor& host);
+  // Caller thread: whether the mirror `host` has >= 2 chunks and is claimed
+  // for pipeline().
   bool pipelines(const at::Tensor& host);
-  // Executor thread: runs `run(ptr, count)` chunk by chunk on `host`,
-  // overlapping the chunks' copies with the runs (see above).
+  // Executor thread: runs `run(ptr, count)` chunk by chunk on the claimed
+  // `host`, overlapping the chunks' copies with the runs (see above).
   void pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run);
+
+  // The steps of the all-reduce through peers' device buffers
+  // (peer_allreduce.h), queued on the op stream. synchronize() waits for
+  // everything queued there.
+  virtual c10::Device device() const = 0;
+  virtual void deviceCopy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void deviceReduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) = 0;
+  virtual void synchronize() = 0;
+  virtual std::unique_ptr<PeerBuffers> newPeerBuffers(size_t bytes, int rank, int size) = 0;
 
   // A reduction that runs large calls on the device (see above).
   // `intoTensor`: the op writes no bytes of its in-out mirrors other than by
@@ -141,7 +159,6 @@ class Staging {
   // returns once everything queued before the mark is done.
   virtual size_t copyAndMark(const at::Tensor& dst, const at::Tensor& src) = 0;
   virtual void waitFor(size_t mark) = 0;
-  virtual void synchronize() = 0;
   // dst = op(dst, src) for host dst and src, computed on the device.
   virtual void reduceOnDevice(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) = 0;
   // tensor = op(tensor, src) on the device for a device `tensor` and host
@@ -153,7 +170,7 @@ class Staging {
   struct Mirror {
     at::Tensor device, host;
     bool in, out;
-    bool pipelined = false;
+    bool claimed = false;  // by the op (claim)
   };
   // Where [host, host + bytes) of an in-out mirror lies in its device
   // tensor, or null.

@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+
 #include "core/error.h"
 #include "cuda/kernels.h"
 #include "staging.h"
@@ -18,6 +20,69 @@ namespace {
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error(collx::str("CUDA ", what, " failed: ", cudaGetErrorString(err)));
 }
+
+// Peer buffers in device memory: cudaMalloc'd (IPC needs its own
+// allocation, not a block of torch's caching allocator), mapped by the other
+// ranks through CUDA IPC. Only ranks on one GPU take part: the blob carries
+// the GPU's UUID.
+class CudaPeerBuffers final : public PeerBuffers {
+ public:
+  CudaPeerBuffers(c10::Device device, size_t bytes, int rank, int size)
+      : PeerBuffers(bytes, rank, size), device_(device) {
+    c10::cuda::CUDAGuard guard(device_);
+    cudaDeviceProp prop;
+    check(cudaGetDeviceProperties(&prop, device_.index()), "device properties");
+    std::memcpy(uuid_, &prop.uuid, sizeof uuid_);
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "malloc of the peer buffer");
+    ptrs_[size_t(rank)] = static_cast<char*>(p);
+  }
+  ~CudaPeerBuffers() override {
+    c10::cuda::CUDAGuard guard(device_);
+    for (size_t r = 0; r < ptrs_.size(); ++r) {
+      if (!ptrs_[r]) continue;
+      if (int(r) == rank_) cudaFree(ptrs_[r]);
+      else cudaIpcCloseMemHandle(ptrs_[r]);
+    }
+  }
+
+  Blob exported() const override {
+    c10::cuda::CUDAGuard guard(device_);
+    cudaIpcMemHandle_t handle;
+    check(cudaIpcGetMemHandle(&handle, mine()), "IPC handle of the peer buffer");
+    static_assert(8 + sizeof uuid_ + sizeof handle <= kBlobBytes);
+    Blob b{};
+    b[0] = 1;
+    std::memcpy(b.data() + 8, uuid_, sizeof uuid_);
+    std::memcpy(b.data() + 8 + sizeof uuid_, &handle, sizeof handle);
+    return b;
+  }
+
+  std::string attach(const std::vector<Blob>& blobs) override {
+    c10::cuda::CUDAGuard guard(device_);
+    for (size_t r = 0; r < blobs.size(); ++r) {
+      if (int(r) != rank_ && std::memcmp(blobs[r].data() + 8, uuid_, sizeof uuid_) != 0) {
+        return collx::str("rank ", r, "'s tensor is on another GPU (the ranks' buffers are mapped on one GPU only)");
+      }
+    }
+    for (size_t r = 0; r < blobs.size(); ++r) {
+      if (int(r) == rank_) continue;
+      cudaIpcMemHandle_t handle;
+      std::memcpy(&handle, blobs[r].data() + 8 + sizeof uuid_, sizeof handle);
+      void* p = nullptr;
+      if (cudaError_t err = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess); err != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it for the staged ops that follow
+        return collx::str("cannot map rank ", r, "'s device buffer (CUDA IPC): ", cudaGetErrorString(err));
+      }
+      ptrs_[r] = static_cast<char*>(p);
+    }
+    return "";
+  }
+
+ private:
+  c10::Device device_;
+  char uuid_[16];
+};
 
 class CudaStaging final : public Staging {
  public:
@@ -37,6 +102,7 @@ class CudaStaging final : public Staging {
 
   bool owns(c10::Device device) const override { return device == device_; }
   std::vector<c10::Device> devices() const override { return {device_}; }
+  c10::Device device() const override { return device_; }
 
   void recordCaller() override {
     c10::cuda::CUDAGuard guard(device_);
@@ -72,6 +138,21 @@ class CudaStaging final : public Staging {
   void waitFor(size_t mark) override { check(cudaEventSynchronize(marks_.at(mark)), "event synchronize"); }
 
   void synchronize() override { stream_.synchronize(); }
+
+  void deviceCopy(void* dst, const void* src, size_t bytes) override {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.stream()), "device copy");
+  }
+
+  void deviceReduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaError_t(cuda::reduce(dtype, op, dst, src, count, 1.0, reinterpret_cast<cuda::Stream>(stream_.stream()))),
+          "reduce kernel launch");
+  }
+
+  std::unique_ptr<PeerBuffers> newPeerBuffers(size_t bytes, int rank, int size) override {
+    return std::make_unique<CudaPeerBuffers>(device_, bytes, rank, size);
+  }
 
   // On a stream of its own: a pipelined op's copy stream holds queued chunk
   // copies that a reduction must not wait behind.

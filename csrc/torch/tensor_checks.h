@@ -52,6 +52,7 @@ inline void checkSingle(const std::vector<at::Tensor>& ts, const char* op, int r
 // pre-scale (PREMUL_SUM) and post-divide (AVG) it implies.
 struct ResolvedOp {
   ReduceFn fn;
+  ReduceOp op = ReduceOp::kSum;  // fn's op (SUM for AVG and PREMUL_SUM)
   double premulFactor = 1.0;
   bool premul = false;
   bool average = false;
@@ -89,6 +90,7 @@ inline ResolvedOp resolveOp(const c10d::ReduceOp& op, DataType dtype, const char
     fail(name, rank, collx::str("bitwise reduce op ", collx::name(core), " needs an integer or bool tensor, got ",
                          collx::name(dtype)));
   }
+  r.op = core;
   // Under a device staging, large reductions run on the device; the
   // pre-scale writes the buffer before them (staging.h).
   r.fn = Staging::current() ? Staging::current()->reduceFn(dtype, core, intoTensor && !r.premul)

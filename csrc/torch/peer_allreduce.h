@@ -1,0 +1,59 @@
+// All-reduce of a device tensor that stays on the device: the ranks of an
+// all-local group map each other's device buffers (CUDA IPC), so no byte
+// crosses PCIe or a socket. Staging it through host memory instead costs a
+// D2H and an H2D copy of the whole tensor around the host op; on an H200 with
+// ranks sharing the GPU those copies alone took about as long as the op.
+//
+// Per chunk of at most one buffer (every rank runs the same steps, on its
+// op stream, and the host barriers are tiny all-reduces of a vote):
+//
+//   rank r                                      every rank
+//   copy chunk of its tensor -> buf[r], sync
+//                                               barrier 1: every buf is full
+//   tensor chunk = buf[0]; op= buf[1] ...
+//   op= buf[n-1] (rank order, so every rank
+//   gets bit-identical results), sync
+//                                               barrier 2: no one reads bufs
+//
+// The buffers are made at the first such op (a collective exchange of the
+// blobs of peer_buffers.h), grown as tensors grow, up to maxBytes. A rank that
+// cannot map a peer's buffer (another GPU, no IPC) votes no: the group
+// stages that op and every later one through host memory. An op whose tensor
+// is not on the buffers' device is staged too, by the same vote.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+
+#include "core/algorithms/collective.h"
+#include "log.h"
+#include "peer_buffers.h"
+#include "staging.h"
+
+namespace collx::torch_glue {
+
+class PeerAllreduce {
+ public:
+  // maxBytes: the largest buffer a rank maps (COLLX_PEER_BUFFER_BYTES).
+  PeerAllreduce(size_t maxBytes, LogLevel logLevel) : maxBytes_(maxBytes), logLevel_(logLevel) {}
+
+  // Executor thread. All-reduces `tensor` (contiguous, on st's device) in
+  // place with `op`; false, on every rank alike, when the group must stage
+  // it instead (the tensor is then untouched). Throws Error when a rank
+  // failed (the tensor may then be partly reduced).
+  bool run(Staging& st, const Collective& c, const at::Tensor& tensor, DataType dtype, ReduceOp op);
+
+ private:
+  // Maps buffers of >= `bytes` (grown to a power of two); false on every rank
+  // alike when a rank cannot.
+  bool ready(Staging& st, const Collective& c, size_t bytes);
+
+  const size_t maxBytes_;
+  const LogLevel logLevel_;
+  std::unique_ptr<PeerBuffers> buffers_;
+  c10::Device device_{at::kCPU};  // of buffers_
+  bool unavailable_ = false;      // a rank could not map the buffers: stage
+};
+
+}  // namespace collx::torch_glue
