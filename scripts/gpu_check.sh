@@ -6,7 +6,7 @@
 # CUDA call costs, and the all-reduce benchmark on CUDA and on CPU
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
 # gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
-# tests, kernels, costs, allreduce, variants, staging, mps (default: all), runs a part.
+# tests, kernels, costs, allreduce, peers, variants, staging, mps (default: all), runs a part.
 # On an H200 (2026-11-27): build 35-48 s, tests ~65 s, allreduce ~100 s, staging
 # ~110 s, mps ~50 s; all of them outrun one device call (600 s), so pick steps.
 set -uo pipefail
@@ -67,9 +67,15 @@ variant() {  # ranks, name, VAR=value...
 for n in 2 4; do
   want allreduce && bench bench_allreduce_cuda_n$n $n cuda 4K,64K,1M,16M,64M --transports shm,tcp
   want allreduce && bench bench_allreduce_cpu_n$n $n cpu 4K,64K,1M,16M,64M --transports shm,tcp
-  # auto's all-reduce through the ranks' device buffers against staging it on the host.
-  want allreduce && VARS=COLLX_PEER_BUFFER_BYTES=off bench bench_allreduce_cuda_staged_n$n $n cuda \
-    4K,64K,1M,16M,64M --transports shm --backends collx
+  # auto's all-reduce through the ranks' device buffers at every size, beside
+  # gloo, staging on the host, and CPU tensors: where the two paths cross.
+  if want peers; then
+    sizes=4K,64K,256K,1M,4M,16M,64M
+    VARS=COLLX_PEER_MIN_BYTES=0 bench bench_peers_cuda_n$n $n cuda $sizes --transports shm --time-per-point 0.2
+    VARS=COLLX_PEER_BUFFER_BYTES=off bench bench_staged_cuda_n$n $n cuda $sizes --transports shm --backends collx \
+      --time-per-point 0.2
+    bench bench_peers_cpu_n$n $n cpu $sizes --transports shm --backends collx --time-per-point 0.2
+  fi
   if want variants; then
     bench "bench_var_n${n}_cpu" "$n" cpu 4M,16M,64M --backends collx --time-per-point 0.2  # the floor
     for chunk in 4194304 8388608 16777216 off; do variant $n chunk_$chunk COLLX_STAGING_CHUNK_BYTES=$chunk; done

@@ -244,10 +244,11 @@ test_cuda_every_reduction_on_gpu = suite_test(__name__, "ALL_ON_GPU_CHECKS", [2]
                                               env={"COLLX_DEVICE_REDUCE_MIN_BYTES": "0"})
 
 
-# The all-reduce through peers' device buffers in 1 MiB chunks (the large
-# tensor in 17), and, for comparison, every all-reduce staged on the host.
+# The all-reduce through peers' device buffers at every size, in 1 MiB chunks
+# (the large tensor in 17), and, for comparison, every all-reduce staged on
+# the host.
 test_cuda_peer_chunks = suite_test(__name__, "ALL_ON_GPU_CHECKS", [2], setup="_use_gpu0", timeout=300,
-                                   env={"COLLX_PEER_BUFFER_BYTES": "1048576"})
+                                   env={"COLLX_PEER_BUFFER_BYTES": "1048576", "COLLX_PEER_MIN_BYTES": "0"})
 test_cuda_without_peers = suite_test(__name__, "CHECKS", [2], setup="_use_gpu0", timeout=300,
                                      env={"COLLX_PEER_BUFFER_BYTES": "off"})
 

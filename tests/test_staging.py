@@ -240,23 +240,29 @@ def test_pipelined_in_small_chunks(reduce_min):
     assert run_ranks(_pipelined, 3, timeout=120, env=env) == [[]] * 3
 
 
+PEER_MIN_BYTES = 1 << 20  # the default of COLLX_PEER_MIN_BYTES (kPeerMinBytes, staging.h)
+
+
 def _through_peers(rank, ws):
     """Every dtype, op and awkward count through an auto group, which takes the
-    peers' buffers for every op but AVG and PREMUL_SUM; a forced algorithm and
-    a non-contiguous tensor are staged as before. Returns the mismatches and
-    the ops each path ran."""
+    peers' buffers for every op but AVG and PREMUL_SUM from COLLX_PEER_MIN_BYTES;
+    a forced algorithm and a non-contiguous tensor are staged as before.
+    Returns the mismatches and the ops each path ran."""
+    import os
+
+    min_bytes = int(os.environ.get("COLLX_PEER_MIN_BYTES", PEER_MIN_BYTES))
     out = []
     auto = dist.new_group(backend="collx")
     ring = dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm="ring"))
     through_peers = 0
     for dtype in DTYPES:
         for op in ops_for(dtype):
-            for count in (0, 1, 7, 1000, 100_003):
+            for count in PEER_COUNTS:
                 t = gen(rank, dtype, op, count)
                 dist.all_reduce(t, op=reduce_op(op), group=auto)
                 if m := mismatch(t, expected(ws, dtype, op, count), *tolerance(dtype, op)):
                     out.append(f"{op} {dtype_name(dtype)} count={count}: {m}")
-                through_peers += op not in ("AVG", "PREMUL_SUM")
+                through_peers += op not in ("AVG", "PREMUL_SUM") and t.nbytes >= min_bytes
     t = gen(rank, torch.float32, "SUM", 1000)
     dist.all_reduce(t, group=ring)
     strided = gen(rank, torch.float32, "SUM", 2000)[::2]
@@ -269,17 +275,20 @@ def _through_peers(rank, ws):
     return out, through_peers, calls(auto), calls(ring)
 
 
-@pytest.mark.parametrize("buffer_bytes", ["4096", None])
-def test_allreduce_through_peers_buffers(buffer_bytes):
-    """Memfd buffers stand for CUDA IPC ones; 4096-byte buffers make the larger
-    counts run in chunks, the default (64 MiB) in one."""
-    env = {**STAGED_ENV, "COLLX_PEER_BUFFER_BYTES": buffer_bytes} if buffer_bytes else STAGED_ENV
-    for out, through_peers, auto, ring in run_ranks(_through_peers, 3, timeout=180, env=env):
+PEER_COUNTS = (0, 1, 7, 1000, 100_003, 300_001)
+
+
+@pytest.mark.parametrize("knobs", [{"COLLX_PEER_BUFFER_BYTES": "4096", "COLLX_PEER_MIN_BYTES": "0"}, {}],
+                         ids=["every-size-in-chunks", "defaults"])
+def test_allreduce_through_peers_buffers(knobs):
+    """Memfd buffers stand for CUDA IPC ones. 4096-byte buffers make the larger
+    counts run in chunks; by default (64 MiB buffers, from 1 MiB) the largest
+    tensors run in one and the others are staged."""
+    ops = sum(len(ops_for(d)) for d in DTYPES) * len(PEER_COUNTS) + 1  # and the strided one
+    for out, through_peers, auto, ring in run_ranks(_through_peers, 3, timeout=180, env={**STAGED_ENV, **knobs}):
         assert out == []
-        assert auto.pop("all_reduce/peers") == through_peers
-        # AVG, PREMUL_SUM and the strided tensor: staged through host memory.
-        assert sum(auto.values()) == 2 * 5 * len([d for d in DTYPES if d.is_floating_point]) + 5 * len(
-            [d for d in DTYPES if not d.is_floating_point and d != torch.bool]) + 1
+        assert through_peers > 0 and auto.pop("all_reduce/peers") == through_peers
+        assert sum(auto.values()) == ops - through_peers
         assert "all_reduce/peers" not in ring
 
 
@@ -300,3 +309,9 @@ def test_bad_peer_buffer_bytes_is_a_clear_error(value):
     with pytest.raises(AssertionError, match="COLLX_PEER_BUFFER_BYTES=.*(must be a byte count or off|use off or at "
                                              "least 4096 bytes)"):
         run_ranks(_init_only, 2, timeout=60, env={"COLLX_PEER_BUFFER_BYTES": value})
+
+
+@pytest.mark.parametrize("value", ["-1", "1M", ""])
+def test_bad_peer_min_bytes_is_a_clear_error(value):
+    with pytest.raises(AssertionError, match="COLLX_PEER_MIN_BYTES=.* must be a byte count or off"):
+        run_ranks(_init_only, 2, timeout=60, env={"COLLX_PEER_MIN_BYTES": value})

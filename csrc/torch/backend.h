@@ -38,6 +38,7 @@ struct Config {
   size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
   size_t stagingChunkBytes = kPipelineChunkBytes;       // COLLX_STAGING_CHUNK_BYTES (staging.h)
   size_t peerBufferBytes = kPeerBufferBytes;            // COLLX_PEER_BUFFER_BYTES (peer_allreduce.h)
+  size_t peerMinBytes = kPeerMinBytes;                  // COLLX_PEER_MIN_BYTES (staging.h)
   LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
   TuningPolicy tuning;  // COLLX_TUNING: calibrate (default), table, or a file (core/algorithms/calibrate.h)
 };

@@ -16,9 +16,10 @@ using collx::torch_glue::CollxBackend;
 
 namespace {
 
-// COLLX_DEVICE_REDUCE_MIN_BYTES, COLLX_STAGING_CHUNK_BYTES and
-// COLLX_PEER_BUFFER_BYTES: a byte count, or "off" (SIZE_MAX: no reductions on
-// the device; no pipelining; no all-reduce through peers' buffers).
+// COLLX_DEVICE_REDUCE_MIN_BYTES, COLLX_STAGING_CHUNK_BYTES,
+// COLLX_PEER_BUFFER_BYTES and COLLX_PEER_MIN_BYTES: a byte count, or "off"
+// (SIZE_MAX: no reductions on the device; no pipelining; no all-reduce
+// through peers' buffers).
 size_t bytesOrOff(const char* name, size_t byDefault) {
   const char* v = std::getenv(name);
   if (!v) return byDefault;
@@ -102,6 +103,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);
   if (config.stagingChunkBytes == 0) throw py::value_error("collx: COLLX_STAGING_CHUNK_BYTES=0: use off or a byte count");
   config.peerBufferBytes = bytesOrOff("COLLX_PEER_BUFFER_BYTES", collx::torch_glue::kPeerBufferBytes);
+  config.peerMinBytes = bytesOrOff("COLLX_PEER_MIN_BYTES", collx::torch_glue::kPeerMinBytes);
   if (config.peerBufferBytes < collx::torch_glue::kPeerBufferMinBytes) {
     throw py::value_error(collx::str("collx: COLLX_PEER_BUFFER_BYTES=", config.peerBufferBytes, ": use off or at least ",
                                      collx::torch_glue::kPeerBufferMinBytes, " bytes"));

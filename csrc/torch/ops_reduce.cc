@@ -41,7 +41,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   // pipelined like a large one: chunk by chunk, overlapping its copies.
   std::shared_ptr<Staging> pipeline = Staging::current();
   const bool viaPeers = pipeline && outputs.size() == 1 && algo == Algorithm::kAuto && !r.premul && !r.average &&
-                        size_ > 1 && config_.peerBufferBytes != SIZE_MAX && device_->hostCount() == 1 &&
+                        size_ > 1 && config_.peerBufferBytes != SIZE_MAX && bytes >= config_.peerMinBytes &&
+                        device_->hostCount() == 1 &&
                         pipeline->claim(outputs[0]);
   if (pipeline && !viaPeers && !(outputs.size() == 1 && pipeline->pipelines(outputs[0]))) pipeline = nullptr;
   auto body = [this, outputs, r, dtype, algo, size, pipeline, viaPeers](const Collective& c) {

@@ -74,6 +74,9 @@ constexpr size_t kPipelineChunkBytes = 8 << 20;
 // tensors run in chunks of it.
 constexpr size_t kPeerBufferBytes = 64 << 20;
 constexpr size_t kPeerBufferMinBytes = 4096;
+// Default of COLLX_PEER_MIN_BYTES: smaller tensors are staged on the host
+// instead. PLACEHOLDER: set from the H200 measurement.
+constexpr size_t kPeerMinBytes = 1 << 20;
 
 class Staging {
  public:
