@@ -240,7 +240,7 @@ def test_pipelined_in_small_chunks(reduce_min):
     assert run_ranks(_pipelined, 3, timeout=120, env=env) == [[]] * 3
 
 
-PEER_MIN_BYTES = 1 << 20  # the default of COLLX_PEER_MIN_BYTES (kPeerMinBytes, staging.h)
+PEER_MIN_BYTES = 2 << 20  # the default of COLLX_PEER_MIN_BYTES (kPeerMinBytes, staging.h)
 
 
 def _through_peers(rank, ws):
@@ -282,7 +282,7 @@ PEER_COUNTS = (0, 1, 7, 1000, 100_003, 300_001)
                          ids=["every-size-in-chunks", "defaults"])
 def test_allreduce_through_peers_buffers(knobs):
     """Memfd buffers stand for CUDA IPC ones. 4096-byte buffers make the larger
-    counts run in chunks; by default (64 MiB buffers, from 1 MiB) the largest
+    counts run in chunks; by default (64 MiB buffers, from 2 MiB) the largest
     tensors run in one and the others are staged."""
     ops = sum(len(ops_for(d)) for d in DTYPES) * len(PEER_COUNTS) + 1  # and the strided one
     for out, through_peers, auto, ring in run_ranks(_through_peers, 3, timeout=180, env={**STAGED_ENV, **knobs}):
