@@ -195,6 +195,25 @@ def check_mixed_devices_error(rank, ws, fail):
         fail("all_gather with CUDA outputs and a CPU input did not raise")
 
 
+def check_cpu_rank_beside_cuda_ranks(rank, ws, fail):
+    """As gloo allows: rank 0 all-reduces a CPU tensor where the others pass
+    CUDA tensors, once the group's peers' buffers are set up (4 MiB) and where
+    staged tensors are pipelined (32 MiB). Every rank stages that op in one
+    piece; the next all-CUDA op goes through the buffers again."""
+    group = dist.new_group(backend="collx")
+    for step, count in enumerate((1 << 20, 1 << 20, 8 << 20, 1 << 20)):
+        cpu = step in (1, 2) and rank == 0
+        t = gen(rank, torch.float32, "SUM", count, salt=step)
+        t = t if cpu else t.to(DEV)
+        dist.all_reduce(t, group=group)
+        if m := mismatch(t.cpu(), expected(ws, torch.float32, "SUM", count, salt=step)):
+            fail(f"step {step} ({'CPU' if cpu else 'CUDA'} tensor, count={count}): {m}")
+    peers = torchcollx.get_stats(group)["algorithms"].get("all_reduce/peers", {}).get("calls", 0)
+    if PEERS and peers != 2:
+        fail(f"expected the first and last all_reduce through the peers' buffers, got {peers}")
+    dist.destroy_process_group(group)
+
+
 def check_ddp(rank, ws, fail):
     """DDP over collx on CUDA (ranks share cuda:0) matches one process on all the data."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -227,6 +246,7 @@ CHECKS = [
     check_future_then,
     check_moving_collectives,
     check_mixed_devices_error,
+    check_cpu_rank_beside_cuda_ranks,
     check_ddp,
 ]
 

@@ -292,6 +292,41 @@ def test_allreduce_through_peers_buffers(knobs):
         assert "all_reduce/peers" not in ring
 
 
+def _mixed(rank, ws):
+    """Rank 0 stages its tensors, as it would CUDA tensors; rank 1 passes plain
+    CPU tensors, as gloo allows. Then both stage, with rank 0 passing a
+    non-contiguous view. Sizes where auto's device path takes part (4 MiB)
+    and where a staged tensor is pipelined (32 MiB). Returns the mismatches."""
+    import datetime
+    import os
+
+    out = []
+
+    def sums(group, label, strided=False):
+        for count in (1 << 20, 8 << 20):
+            t = gen(rank, torch.float32, "SUM", count)
+            if strided and rank == 0:
+                t = torch.zeros(2 * count)[::2].copy_(t)
+            dist.all_reduce(t, group=group)
+            if m := mismatch(t, expected(ws, torch.float32, "SUM", count)):
+                out.append(f"{label} count={count}: {m}")
+
+    timeout = datetime.timedelta(seconds=60)
+    if rank == 0:
+        os.environ["COLLX_STAGE_CPU_TENSORS"] = "1"
+    sums(dist.new_group(backend="collx", timeout=timeout), "rank 0 staged, rank 1 not")
+    os.environ["COLLX_STAGE_CPU_TENSORS"] = "1"
+    sums(dist.new_group(backend="collx", timeout=timeout), "rank 0 non-contiguous", strided=True)
+    return out
+
+
+def test_mixed_ranks_through_peers_path():
+    """Ranks whose tensors cannot take the device path (a CPU tensor beside a
+    device one, a non-contiguous one) all stage, in the same pieces: no rank
+    waits for a peer that runs another op."""
+    assert run_ranks(_mixed, 2, timeout=120) == [[], []]
+
+
 def _peers_off(rank, ws):
     t = gen(rank, torch.float32, "SUM", 1000)
     dist.all_reduce(t)

@@ -36,23 +36,33 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
     return resolveOp(op, dtype, "all_reduce", rank_, intoTensor);
   });
   const int size = size_;
-  // A staged tensor of an auto group on one host is all-reduced on its
-  // device, through the ranks' mapped buffers (peer_allreduce.h), or else
-  // pipelined like a large one: chunk by chunk, overlapping its copies.
-  std::shared_ptr<Staging> pipeline = Staging::current();
-  const bool viaPeers = pipeline && outputs.size() == 1 && algo == Algorithm::kAuto && !r.premul && !r.average &&
-                        size_ > 1 && config_.peerBufferBytes != SIZE_MAX && bytes >= config_.peerMinBytes &&
-                        device_->hostCount() == 1 &&
-                        pipeline->claim(outputs[0]);
-  if (pipeline && !viaPeers && !(outputs.size() == 1 && pipeline->pipelines(outputs[0]))) pipeline = nullptr;
-  auto body = [this, outputs, r, dtype, algo, size, pipeline, viaPeers](const Collective& c) {
-    if (viaPeers && peers_.run(*pipeline, c, pipeline->deviceOf(outputs)[0], dtype, r.op)) return std::string("all_reduce/peers");
+  // An auto all-reduce of one large tensor on one host may run on the device,
+  // through the ranks' mapped buffers (peer_allreduce.h): every rank takes
+  // part, and each says whether its tensor can (a claimed device tensor).
+  // Otherwise a large staged tensor is pipelined: chunk by chunk, overlapping
+  // its copies.
+  const std::shared_ptr<Staging> staged = Staging::current();
+  const bool peers = outputs.size() == 1 && algo == Algorithm::kAuto && !r.premul && !r.average && size_ > 1 &&
+                     config_.peerBufferBytes != SIZE_MAX && bytes >= config_.peerMinBytes &&
+                     device_->hostCount() == 1;
+  const bool claimed = peers && staged && staged->claim(outputs[0]);
+  const bool pipelined = claimed || (staged && outputs.size() == 1 && staged->pipelines(outputs[0]));
+  auto body = [this, outputs, r, dtype, algo, size, staged, peers, claimed, pipelined](const Collective& c) {
+    bool whole = false;
+    if (peers) {
+      const at::Tensor tensor = staged ? staged->deviceOf(outputs)[0] : outputs[0];
+      switch (peers_.run(staged.get(), claimed, c, tensor, dtype, r.op)) {
+        case PeerAllreduce::Outcome::kDone: return std::string("all_reduce/peers");
+        case PeerAllreduce::Outcome::kStageWhole: whole = true; break;
+        case PeerAllreduce::Outcome::kStage: break;
+      }
+    }
     Algorithm ran;
     auto run = [&](void* p, size_t n) {
       withScaling(r, dtype, p, n, size, [&] { ran = collx::allreduce(c, algo, p, n, r.fn); });
     };
-    if (pipeline) {
-      pipeline->pipeline(outputs[0], run);
+    if (pipelined) {
+      staged->pipeline(outputs[0], run, whole);
       return collx::str("all_reduce/", name(ran));
     }
     // Read the inputs here, when the op runs: a staged op fills them just before.

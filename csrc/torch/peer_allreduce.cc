@@ -10,7 +10,14 @@ namespace collx::torch_glue {
 namespace {
 
 // A rank's vote at a barrier; the group takes the smallest.
-enum Vote : int32_t { kFailed = 0, kStage = 1, kGo = 2 };
+enum Vote : int32_t {
+  kFailed = 0,  // a CUDA call failed: every rank raises
+  kWhole = 1,   // stage, without the pipeline (see Outcome)
+  kStage = 2,   // stage
+  kGo = 3,
+};
+// A blob's byte 1: the rank's tensor is a host tensor.
+constexpr int kHostTensor = 1;
 
 // The host barrier: a tiny all-reduce of the votes, on the op's own frames
 // (every rank runs the same steps) and without the refiner, which learns
@@ -42,39 +49,41 @@ void attempt(Vote& vote, std::string& why, Fn&& fn) {
 
 }  // namespace
 
-bool PeerAllreduce::run(Staging& st, const Collective& c, const at::Tensor& tensor, DataType dtype, ReduceOp op) {
+PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Collective& c, const at::Tensor& tensor,
+                                           DataType dtype, ReduceOp op) {
   const size_t bytes = size_t(tensor.nbytes());
-  if (bytes == 0) return true;
-  if (unavailable_ || !ready(st, c, std::min(bytes, maxBytes_))) return false;
+  if (bytes == 0) return Outcome::kDone;
+  if (unavailable_ || !ready(st, c, std::min(bytes, maxBytes_))) return staged();
   const size_t esize = elementSize(dtype);
   const size_t step = buffers_->bytes() / esize * esize;
   char* data = static_cast<char*>(tensor.data_ptr());
   // The buffers are mapped for one device; a tensor elsewhere is staged.
-  const bool here = st.device() == device_;
+  Vote mine = !st || !claimed ? kWhole : st->device() == device_ ? kGo : kStage;
   for (size_t at = 0; at < bytes; at += step) {
     const size_t len = std::min(step, bytes - at);
-    Vote mine = here ? kGo : kStage;
     std::string why;
-    if (here) {
+    if (mine == kGo) {
       attempt(mine, why, [&] {
-        st.deviceCopy(buffers_->mine(), data + at, len);
-        st.synchronize();
+        st->deviceCopy(buffers_->mine(), data + at, len);
+        st->synchronize();
       });
     }
+    // At the first chunk: a rank's kWhole or kStage holds for the whole op.
     const Vote all = agree(c, mine);
-    if (all == kStage) return false;  // at the first chunk: `here` is the op's
+    if (all == kWhole) return Outcome::kStageWhole;
+    if (all == kStage) return Outcome::kStage;
     if (all == kFailed) failed(why);
     attempt(mine, why, [&] {
-      st.deviceCopy(data + at, buffers_->of(0), len);
-      for (int r = 1; r < c.size(); ++r) st.deviceReduce(dtype, op, data + at, buffers_->of(r), len / esize);
-      st.synchronize();
+      st->deviceCopy(data + at, buffers_->of(0), len);
+      for (int r = 1; r < c.size(); ++r) st->deviceReduce(dtype, op, data + at, buffers_->of(r), len / esize);
+      st->synchronize();
     });
     if (agree(c, mine) != kGo) failed(why);
   }
-  return true;
+  return Outcome::kDone;
 }
 
-bool PeerAllreduce::ready(Staging& st, const Collective& c, size_t bytes) {
+bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t bytes) {
   if (buffers_ && buffers_->bytes() >= bytes) return true;
   // Every rank gets here at the same op, for the same size. No rank reads
   // the old buffers any more: the last op ended with barrier 2.
@@ -86,15 +95,25 @@ bool PeerAllreduce::ready(Staging& st, const Collective& c, size_t bytes) {
   std::string why;
   std::unique_ptr<PeerBuffers> made;
   std::vector<PeerBuffers::Blob> blobs(size_t(c.size()));
-  try {
-    made = st.newPeerBuffers(want, c.rank(), c.size());
-    blobs[size_t(c.rank())] = made->exported();
-  } catch (const std::exception& e) {
-    why = e.what();
+  if (!st) {
+    why = "this rank's tensor is a CPU tensor";
+    blobs[size_t(c.rank())][1] = kHostTensor;
+  } else {
+    try {
+      made = st->newPeerBuffers(want, c.rank(), c.size());
+      blobs[size_t(c.rank())] = made->exported();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
   }
   collx::allgather(c, blobs.data(), PeerBuffers::kBlobBytes / elementSize(c.dtype));
-  for (int r = 0; r < c.size() && why.empty(); ++r) {
-    if (blobs[size_t(r)][0] != 1) why = collx::str("rank ", r, " could not make its device buffer");
+  for (int r = 0; r < c.size(); ++r) {
+    const PeerBuffers::Blob& b = blobs[size_t(r)];
+    hostRank_ = hostRank_ || b[1] == kHostTensor;
+    if (why.empty() && b[0] != 1) {
+      why = b[1] == kHostTensor ? collx::str("rank ", r, "'s tensor is a CPU tensor")
+                                : collx::str("rank ", r, " could not make its device buffer");
+    }
   }
   if (why.empty()) {
     try {
@@ -107,7 +126,7 @@ bool PeerAllreduce::ready(Staging& st, const Collective& c, size_t bytes) {
   if (made) made->attached();
   if (!ok) {
     unavailable_ = true;
-    if (logLevel_ >= LogLevel::kInfo) {
+    if (st && logLevel_ >= LogLevel::kInfo) {  // ranks of host tensors expect nothing else
       logLine(LogLevel::kInfo, c.rank(), c.size(),
               collx::str("all_reduce of device tensors is staged through host memory: ",
                          why.empty() ? std::string("another rank cannot map the group's device buffers") : why));
@@ -115,7 +134,7 @@ bool PeerAllreduce::ready(Staging& st, const Collective& c, size_t bytes) {
     return false;
   }
   buffers_ = std::move(made);
-  device_ = st.device();
+  device_ = st->device();
   if (logLevel_ >= LogLevel::kInfo) {
     logLine(LogLevel::kInfo, c.rank(), c.size(),
             collx::str("all_reduce of device tensors through the ranks' mapped device buffers (", want, " B each)"));

@@ -16,10 +16,13 @@
 //                                               barrier 2: no one reads bufs
 //
 // The buffers are made at the first such op (a collective exchange of the
-// blobs of peer_buffers.h), grown as tensors grow, up to maxBytes. A rank that
-// cannot map a peer's buffer (another GPU, no IPC) votes no: the group
-// stages that op and every later one through host memory. An op whose tensor
-// is not on the buffers' device is staged too, by the same vote.
+// blobs of peer_buffers.h), grown as tensors grow, up to maxBytes. Every rank
+// of an op that may go this way takes part, also one whose tensor is a CPU
+// tensor (gloo reduces such mixed groups, so collx must too): it votes no.
+// A group where a rank cannot map the buffers (a CPU tensor, another GPU, no
+// IPC) stages that op and every later one through host memory. An op where a
+// rank's tensor cannot go this way (on another device, not contiguous) is
+// staged by the same vote.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,22 +41,33 @@ class PeerAllreduce {
   // maxBytes: the largest buffer a rank maps (COLLX_PEER_BUFFER_BYTES).
   PeerAllreduce(size_t maxBytes, LogLevel logLevel) : maxBytes_(maxBytes), logLevel_(logLevel) {}
 
-  // Executor thread. All-reduces `tensor` (contiguous, on st's device) in
-  // place with `op`; false, on every rank alike, when the group must stage
-  // it instead (the tensor is then untouched). Throws Error when a rank
-  // failed (the tensor may then be partly reduced).
-  bool run(Staging& st, const Collective& c, const at::Tensor& tensor, DataType dtype, ReduceOp op);
+  enum class Outcome {
+    kDone,        // all-reduced
+    kStage,       // stage on the host, pipelined or not, as each rank would
+    kStageWhole,  // stage on the host in one piece: a rank's tensor cannot be
+                  // pipelined (a CPU tensor), and the ops must match
+  };
+  // Executor thread; every rank of the op calls it. All-reduces `tensor` in
+  // place with `op`, or says how every rank stages it instead (then the
+  // tensor is untouched). `st`: the op's staging, null for a host tensor;
+  // `claimed`: its mirror is left to this op (Staging::claim), so `tensor` is
+  // the contiguous device tensor. Throws Error when a rank failed (the tensor
+  // may then be partly reduced).
+  Outcome run(Staging* st, bool claimed, const Collective& c, const at::Tensor& tensor, DataType dtype,
+              ReduceOp op);
 
  private:
   // Maps buffers of >= `bytes` (grown to a power of two); false on every rank
   // alike when a rank cannot.
-  bool ready(Staging& st, const Collective& c, size_t bytes);
+  bool ready(Staging* st, const Collective& c, size_t bytes);
+  Outcome staged() const { return hostRank_ ? Outcome::kStageWhole : Outcome::kStage; }
 
   const size_t maxBytes_;
   const LogLevel logLevel_;
   std::unique_ptr<PeerBuffers> buffers_;
   c10::Device device_{at::kCPU};  // of buffers_
   bool unavailable_ = false;      // a rank could not map the buffers: stage
+  bool hostRank_ = false;         // and one of them had a host tensor
 };
 
 }  // namespace collx::torch_glue

@@ -202,16 +202,17 @@ bool Staging::pipelines(const at::Tensor& host) {
   return chunkBytes_ <= size_t(host.nbytes()) / 2 && claim(host);
 }
 
-void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run) {
+void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run, bool whole) {
   const Mirror* m = nullptr;
   for (const auto& candidate : mirrors_) {
     if (candidate.host.is_same(host) && candidate.claimed) m = &candidate;
   }
   TORCH_INTERNAL_ASSERT(m, "collx: pipeline() on a tensor that was not claimed");
   const at::Tensor h = m->host.view(-1), d = m->device.view(-1);
-  // One chunk when chunkBytes_ is off (SIZE_MAX) or the tensor is small.
   const int64_t n = h.numel();
-  const int64_t step = int64_t(std::clamp<size_t>(chunkBytes_ / size_t(h.element_size()), 1, std::max<size_t>(size_t(n), 1)));
+  const bool chunked = !whole && chunkBytes_ <= size_t(h.nbytes()) / 2;  // as pipelines() decides
+  const int64_t step = chunked ? std::max<int64_t>(1, int64_t(chunkBytes_ / size_t(h.element_size())))
+                               : std::max<int64_t>(1, n);
   waitCaller();
   std::vector<size_t> down;
   for (int64_t at = 0; at < n; at += step) {

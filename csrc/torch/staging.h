@@ -129,8 +129,9 @@ class Staging {
   // for pipeline().
   bool pipelines(const at::Tensor& host);
   // Executor thread: runs `run(ptr, count)` chunk by chunk on the claimed
-  // `host`, overlapping the chunks' copies with the runs (see above).
-  void pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run);
+  // `host`, overlapping the chunks' copies with the runs (see above); in one
+  // piece if it has < 2 chunks or `whole` (the peers must run the same ops).
+  void pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run, bool whole = false);
 
   // The steps of the all-reduce through peers' device buffers
   // (peer_allreduce.h), queued on the op stream. synchronize() waits for
