@@ -9,7 +9,10 @@ copies and the kernel differ on a GPU (tests/test_cuda.py runs those).
 
 One launch at world size 3 reruns the all-reduce matrix and the reduce,
 gather and p2p suites of the other test files in that mode; a second reruns
-the matrix and the reduce suite with every reduction on the "device".
+the matrix and the reduce suite with every reduction on the "device". The
+all-reduce through the ranks' mapped device buffers (peer_allreduce.h) runs
+here on memfd segments, at every size and in small chunks, and beside ranks
+whose tensors cannot take it.
 """
 from __future__ import annotations
 
@@ -23,8 +26,8 @@ import test_allreduce  # noqa: E402
 import test_gather_ops  # noqa: E402
 import test_p2p  # noqa: E402
 import test_reduce_ops  # noqa: E402
-from common import (ALGORITHMS, DTYPES, Suite, dtype_name, expected, gen, mismatch, ops_for, reduce_op,  # noqa: E402
-                    run_checks, tolerance)
+from common import (ALGORITHMS, DTYPES, Suite, attempt, dtype_name, expected, gen, mismatch, ops_for,  # noqa: E402
+                    reduce_op, run_checks, tolerance)
 from launcher import run_ranks  # noqa: E402
 
 # The table (COLLX_TUNING): test_gather_ops' checks expect its tree arities.
@@ -325,6 +328,29 @@ def test_mixed_ranks_through_peers_path():
     device one, a non-contiguous one) all stage, in the same pieces: no rank
     waits for a peer that runs another op."""
     assert run_ranks(_mixed, 2, timeout=120) == [[], []]
+
+
+def _uneven(rank, ws):
+    """Sizes that differ across ranks where auto's device path takes part: one
+    rank under its threshold (a plain all-reduce beside the other's vote), and
+    both over it. Returns {case: (exception name, message, seconds)}."""
+    import datetime
+
+    out = {}
+    for case, count in (("across the threshold", (1 << 20) if rank == 0 else (1 << 18)),
+                        ("both over it", (1 << 20) if rank == 0 else (2 << 20))):
+        group = dist.new_group(backend="collx", timeout=datetime.timedelta(seconds=10))
+        out[case] = attempt(lambda: dist.all_reduce(torch.ones(count), group=group))  # noqa: B023
+    return out
+
+
+@pytest.mark.parametrize("env", [STAGED_ENV, {}], ids=["staged", "cpu"])
+def test_uneven_sizes_around_the_peers_path_raise(env):
+    """A mismatched collective, reported at once on every rank (not at the
+    timeout), and never reduced through buffers of different sizes."""
+    for rank, res in enumerate(run_ranks(_uneven, 2, timeout=120, env=env)):
+        for case, (kind, msg, took) in res.items():
+            assert kind == "DistBackendError" and "mismatched collective" in msg and took < 5, (rank, case, msg)
 
 
 def _peers_off(rank, ws):

@@ -16,19 +16,28 @@ enum Vote : int32_t {
   kStage = 2,   // stage
   kGo = 3,
 };
-// A blob's byte 1: the rank's tensor is a host tensor.
-constexpr int kHostTensor = 1;
 
-// The host barrier: a tiny all-reduce of the votes, on the op's own frames
-// (every rank runs the same steps) and without the refiner, which learns
-// the group's own ops.
-Vote agree(const Collective& c, Vote mine) {
+// The host barrier: a tiny all-reduce of every rank's vote, on the op's own
+// frames (every rank runs the same steps) and without the refiner, which
+// learns the group's own ops. It also carries a key of the op's count and
+// dtype, so that ranks whose ops differ raise, as any mismatched collective
+// does (a rank in a plain all-reduce beside it fails on the frames), and
+// never map buffers of different sizes.
+Vote agree(const Collective& c, Vote mine, size_t count) {
+  const int64_t key = int64_t(count) * 32 + int64_t(c.dtype);
+  int64_t x[3] = {mine, key, -key};  // MIN of each: the least vote and key, the largest key
   Collective v = c;
-  v.dtype = DataType::kInt32;
+  v.dtype = DataType::kInt64;
   v.refiner = nullptr;
-  int32_t x = mine;
-  collx::allreduce(v, Algorithm::kAuto, &x, 1, cpuReduceFn(DataType::kInt32, ReduceOp::kMin));
-  return Vote(x);
+  collx::allreduce(v, Algorithm::kAuto, x, 3, cpuReduceFn(DataType::kInt64, ReduceOp::kMin));
+  if (x[1] != key || -x[2] != key) {
+    auto op = [](int64_t k) { return collx::str(k / 32, " x ", name(DataType(k % 32))); };
+    throw Error(collx::str("collx rank ", c.rank(), ": mismatched collective: the ranks run all_reduce #", c.seq,
+                           " on ", op(x[1]), " to ", op(-x[2]), ", this rank on ", op(key),
+                           ". Every rank must call the same collectives in the same order with the same sizes "
+                           "and dtypes."));
+  }
+  return Vote(x[0]);
 }
 
 // Runs fn; a failure turns the vote to kFailed and keeps the reason.
@@ -53,8 +62,8 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
                                            DataType dtype, ReduceOp op) {
   const size_t bytes = size_t(tensor.nbytes());
   if (bytes == 0) return Outcome::kDone;
-  if (unavailable_ || !ready(st, c, std::min(bytes, maxBytes_))) return staged();
-  const size_t esize = elementSize(dtype);
+  const size_t esize = elementSize(dtype), count = bytes / esize;
+  if (unavailable_ || !ready(st, c, count, std::min(bytes, maxBytes_))) return staged();
   const size_t step = buffers_->bytes() / esize * esize;
   char* data = static_cast<char*>(tensor.data_ptr());
   // The buffers are mapped for one device; a tensor elsewhere is staged.
@@ -69,7 +78,7 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
       });
     }
     // At the first chunk: a rank's kWhole or kStage holds for the whole op.
-    const Vote all = agree(c, mine);
+    const Vote all = agree(c, mine, count);
     if (all == kWhole) return Outcome::kStageWhole;
     if (all == kStage) return Outcome::kStage;
     if (all == kFailed) failed(why);
@@ -78,12 +87,12 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
       for (int r = 1; r < c.size(); ++r) st->deviceReduce(dtype, op, data + at, buffers_->of(r), len / esize);
       st->synchronize();
     });
-    if (agree(c, mine) != kGo) failed(why);
+    if (agree(c, mine, count) != kGo) failed(why);
   }
   return Outcome::kDone;
 }
 
-bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t bytes) {
+bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t bytes) {
   if (buffers_ && buffers_->bytes() >= bytes) return true;
   // Every rank gets here at the same op, for the same size. No rank reads
   // the old buffers any more: the last op ended with barrier 2.
@@ -92,44 +101,44 @@ bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t bytes) {
   while (want < bytes) want *= 2;
   want = std::min(want, maxBytes_);
 
+  // A vote first: a rank that cannot take part says so before any exchange.
   std::string why;
   std::unique_ptr<PeerBuffers> made;
-  std::vector<PeerBuffers::Blob> blobs(size_t(c.size()));
+  Vote all = kWhole;
   if (!st) {
     why = "this rank's tensor is a CPU tensor";
-    blobs[size_t(c.rank())][1] = kHostTensor;
+    all = agree(c, kWhole, count);
   } else {
+    PeerBuffers::Blob mine{};
     try {
       made = st->newPeerBuffers(want, c.rank(), c.size());
-      blobs[size_t(c.rank())] = made->exported();
+      mine = made->exported();
     } catch (const std::exception& e) {
       why = e.what();
     }
-  }
-  collx::allgather(c, blobs.data(), PeerBuffers::kBlobBytes / elementSize(c.dtype));
-  for (int r = 0; r < c.size(); ++r) {
-    const PeerBuffers::Blob& b = blobs[size_t(r)];
-    hostRank_ = hostRank_ || b[1] == kHostTensor;
-    if (why.empty() && b[0] != 1) {
-      why = b[1] == kHostTensor ? collx::str("rank ", r, "'s tensor is a CPU tensor")
-                                : collx::str("rank ", r, " could not make its device buffer");
+    all = agree(c, why.empty() ? kGo : kStage, count);
+    if (all == kGo) {
+      std::vector<PeerBuffers::Blob> blobs(size_t(c.size()));
+      blobs[size_t(c.rank())] = mine;
+      collx::allgather(c, blobs.data(), PeerBuffers::kBlobBytes / elementSize(c.dtype));
+      try {
+        why = made->attach(blobs);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      all = agree(c, why.empty() ? kGo : kStage, count);
+      made->attached();
     }
   }
-  if (why.empty()) {
-    try {
-      why = made->attach(blobs);
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-  }
-  const bool ok = agree(c, why.empty() ? kGo : kStage) == kGo;
-  if (made) made->attached();
-  if (!ok) {
+  if (all != kGo) {
     unavailable_ = true;
+    hostRank_ = all == kWhole;
     if (st && logLevel_ >= LogLevel::kInfo) {  // ranks of host tensors expect nothing else
+      if (why.empty()) {
+        why = hostRank_ ? "another rank's tensor is a CPU tensor" : "another rank cannot map the group's device buffers";
+      }
       logLine(LogLevel::kInfo, c.rank(), c.size(),
-              collx::str("all_reduce of device tensors is staged through host memory: ",
-                         why.empty() ? std::string("another rank cannot map the group's device buffers") : why));
+              collx::str("all_reduce of device tensors is staged through host memory: ", why));
     }
     return false;
   }

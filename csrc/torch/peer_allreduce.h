@@ -57,9 +57,9 @@ class PeerAllreduce {
               ReduceOp op);
 
  private:
-  // Maps buffers of >= `bytes` (grown to a power of two); false on every rank
-  // alike when a rank cannot.
-  bool ready(Staging* st, const Collective& c, size_t bytes);
+  // Maps buffers of >= `bytes` (grown to a power of two) for an op on
+  // `count` elements; false on every rank alike when a rank cannot.
+  bool ready(Staging* st, const Collective& c, size_t count, size_t bytes);
   Outcome staged() const { return hostRank_ ? Outcome::kStageWhole : Outcome::kStage; }
 
   const size_t maxBytes_;

@@ -11,7 +11,7 @@ namespace collx::torch_glue {
 
 class PeerBuffers {
  public:
-  // What a peer needs to map a rank's buffer; byte 0 is 1 when it is valid.
+  // What a peer needs to map a rank's buffer.
   static constexpr size_t kBlobBytes = 128;  // a multiple of every element size
   using Blob = std::array<char, kBlobBytes>;
 

@@ -78,7 +78,7 @@ constexpr size_t kPipelineChunkBytes = 8 << 20;
 // maps for the all-reduce through peers' buffers (peer_allreduce.h); larger
 // tensors run in chunks of it.
 constexpr size_t kPeerBufferBytes = 64 << 20;
-constexpr size_t kPeerBufferMinBytes = 4096;
+constexpr size_t kPeerBufferMinBytes = 4096;  // the least COLLX_PEER_BUFFER_BYTES accepted
 // Default of COLLX_PEER_MIN_BYTES: smaller tensors are staged on the host
 // instead. With ranks time-sharing one GPU, each of the peers path's two GPU
 // phases waits for every rank's turn: on an H200 it took 0.6 ms (n=2) and

@@ -52,7 +52,6 @@ class CudaPeerBuffers final : public PeerBuffers {
     check(cudaIpcGetMemHandle(&handle, mine()), "IPC handle of the peer buffer");
     static_assert(8 + sizeof uuid_ + sizeof handle <= kBlobBytes);
     Blob b{};
-    b[0] = 1;
     std::memcpy(b.data() + 8, uuid_, sizeof uuid_);
     std::memcpy(b.data() + 8 + sizeof uuid_, &handle, sizeof handle);
     return b;
@@ -109,6 +108,23 @@ class CudaStaging final : public Staging {
     check(cudaEventRecord(ready_, c10::cuda::getCurrentCUDAStream(device_.index()).stream()), "event record");
   }
 
+  void synchronize() override { stream_.synchronize(); }
+
+  void deviceCopy(void* dst, const void* src, size_t bytes) override {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.stream()), "device copy");
+  }
+
+  void deviceReduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
+    c10::cuda::CUDAGuard guard(device_);
+    check(cudaError_t(cuda::reduce(dtype, op, dst, src, count, 1.0, reinterpret_cast<cuda::Stream>(stream_.stream()))),
+          "reduce kernel launch");
+  }
+
+  std::unique_ptr<PeerBuffers> newPeerBuffers(size_t bytes, int rank, int size) override {
+    return std::make_unique<CudaPeerBuffers>(device_, bytes, rank, size);
+  }
+
  protected:
   at::Tensor hostLike(const at::Tensor& device) override {
     return at::empty(device.sizes(), device.options().device(at::kCPU).pinned_memory(true));
@@ -140,23 +156,6 @@ class CudaStaging final : public Staging {
   }
 
   void waitFor(size_t mark) override { check(cudaEventSynchronize(marks_.at(mark)), "event synchronize"); }
-
-  void synchronize() override { stream_.synchronize(); }
-
-  void deviceCopy(void* dst, const void* src, size_t bytes) override {
-    c10::cuda::CUDAGuard guard(device_);
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.stream()), "device copy");
-  }
-
-  void deviceReduce(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) override {
-    c10::cuda::CUDAGuard guard(device_);
-    check(cudaError_t(cuda::reduce(dtype, op, dst, src, count, 1.0, reinterpret_cast<cuda::Stream>(stream_.stream()))),
-          "reduce kernel launch");
-  }
-
-  std::unique_ptr<PeerBuffers> newPeerBuffers(size_t bytes, int rank, int size) override {
-    return std::make_unique<CudaPeerBuffers>(device_, bytes, rank, size);
-  }
 
   // On a stream of its own: a pipelined op's copy stream holds queued chunk
   // copies that a reduction must not wait behind.
