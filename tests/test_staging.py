@@ -244,6 +244,7 @@ def test_pipelined_in_small_chunks(reduce_min):
 
 
 PEER_MIN_BYTES = 2 << 20  # the default of COLLX_PEER_MIN_BYTES (kPeerMinBytes, staging.h)
+PEER_COUNTS = (0, 1, 7, 1000, 100_003, 300_001)
 
 
 def _through_peers(rank, ws):
@@ -277,8 +278,6 @@ def _through_peers(rank, ws):
     calls = lambda group: {k: v["calls"] for k, v in torchcollx.get_stats(group)["algorithms"].items()}  # noqa: E731
     return out, through_peers, calls(auto), calls(ring)
 
-
-PEER_COUNTS = (0, 1, 7, 1000, 100_003, 300_001)
 
 
 @pytest.mark.parametrize("knobs", [{"COLLX_PEER_BUFFER_BYTES": "4096", "COLLX_PEER_MIN_BYTES": "0"}, {}],
@@ -360,8 +359,7 @@ def _peers_off(rank, ws):
 
 
 def test_peer_buffers_off():
-    env = HOST_STAGED_ENV
-    for labels, m in run_ranks(_peers_off, 2, timeout=60, env=env):
+    for labels, m in run_ranks(_peers_off, 2, timeout=60, env=HOST_STAGED_ENV):
         assert m is None and len(labels) == 1 and labels[0] != "all_reduce/peers"
 
 

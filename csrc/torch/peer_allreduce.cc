@@ -23,21 +23,24 @@ enum Vote : int32_t {
 // dtype, so that ranks whose ops differ raise, as any mismatched collective
 // does (a rank in a plain all-reduce beside it fails on the frames), and
 // never map buffers of different sizes.
-Vote agree(const Collective& c, Vote mine, size_t count) {
+struct Votes {
+  Vote least, most;
+};
+Votes agree(const Collective& c, Vote mine, size_t count) {
   const int64_t key = int64_t(count) * 32 + int64_t(c.dtype);
-  int64_t x[3] = {mine, key, -key};  // MIN of each: the least vote and key, the largest key
+  int64_t x[4] = {mine, -int64_t(mine), key, -key};  // MIN of each: the least and the largest vote and key
   Collective v = c;
   v.dtype = DataType::kInt64;
   v.refiner = nullptr;
-  collx::allreduce(v, Algorithm::kAuto, x, 3, cpuReduceFn(DataType::kInt64, ReduceOp::kMin));
-  if (x[1] != key || -x[2] != key) {
+  collx::allreduce(v, Algorithm::kAuto, x, 4, cpuReduceFn(DataType::kInt64, ReduceOp::kMin));
+  if (x[2] != key || -x[3] != key) {
     auto op = [](int64_t k) { return collx::str(k / 32, " x ", name(DataType(k % 32))); };
     throw Error(collx::str("collx rank ", c.rank(), ": mismatched collective: the ranks run all_reduce #", c.seq,
-                           " on ", op(x[1]), " to ", op(-x[2]), ", this rank on ", op(key),
+                           " on ", op(x[2]), " to ", op(-x[3]), ", this rank on ", op(key),
                            ". Every rank must call the same collectives in the same order with the same sizes "
                            "and dtypes."));
   }
-  return Vote(x[0]);
+  return {Vote(x[0]), Vote(-x[1])};
 }
 
 // Runs fn; a failure turns the vote to kFailed and keeps the reason.
@@ -78,7 +81,7 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
       });
     }
     // At the first chunk: a rank's kWhole or kStage holds for the whole op.
-    const Vote all = agree(c, mine, count);
+    const Vote all = agree(c, mine, count).least;
     if (all == kWhole) return Outcome::kStageWhole;
     if (all == kStage) return Outcome::kStage;
     if (all == kFailed) failed(why);
@@ -87,7 +90,7 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
       for (int r = 1; r < c.size(); ++r) st->deviceReduce(dtype, op, data + at, buffers_->of(r), len / esize);
       st->synchronize();
     });
-    if (agree(c, mine, count) != kGo) failed(why);
+    if (agree(c, mine, count).least != kGo) failed(why);
   }
   return Outcome::kDone;
 }
@@ -104,9 +107,8 @@ bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t
   // A vote first: a rank that cannot take part says so before any exchange.
   std::string why;
   std::unique_ptr<PeerBuffers> made;
-  Vote all = kWhole;
+  Votes all{};
   if (!st) {
-    why = "this rank's tensor is a CPU tensor";
     all = agree(c, kWhole, count);
   } else {
     PeerBuffers::Blob mine{};
@@ -117,7 +119,7 @@ bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t
       why = e.what();
     }
     all = agree(c, why.empty() ? kGo : kStage, count);
-    if (all == kGo) {
+    if (all.least == kGo) {
       std::vector<PeerBuffers::Blob> blobs(size_t(c.size()));
       blobs[size_t(c.rank())] = mine;
       collx::allgather(c, blobs.data(), PeerBuffers::kBlobBytes / elementSize(c.dtype));
@@ -130,25 +132,26 @@ bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t
       made->attached();
     }
   }
-  if (all != kGo) {
-    unavailable_ = true;
-    hostRank_ = all == kWhole;
-    if (st && logLevel_ >= LogLevel::kInfo) {  // ranks of host tensors expect nothing else
-      if (why.empty()) {
-        why = hostRank_ ? "another rank's tensor is a CPU tensor" : "another rank cannot map the group's device buffers";
-      }
+  if (all.least == kGo) {
+    buffers_ = std::move(made);
+    device_ = st->device();
+    if (logLevel_ >= LogLevel::kInfo) {
       logLine(LogLevel::kInfo, c.rank(), c.size(),
-              collx::str("all_reduce of device tensors is staged through host memory: ", why));
+              collx::str("all_reduce of device tensors through the ranks' mapped device buffers (", want, " B each)"));
     }
-    return false;
+    return true;
   }
-  buffers_ = std::move(made);
-  device_ = st->device();
-  if (logLevel_ >= LogLevel::kInfo) {
+  // A CPU tensor beside device ones: this op only. Every rank's a CPU
+  // tensor, or a device rank that cannot map the buffers: from now on.
+  hostRank_ = all.least == kWhole;
+  if (all.least == kWhole && all.most != kWhole) return false;
+  unavailable_ = true;
+  if (st && logLevel_ >= LogLevel::kInfo) {
     logLine(LogLevel::kInfo, c.rank(), c.size(),
-            collx::str("all_reduce of device tensors through the ranks' mapped device buffers (", want, " B each)"));
+            collx::str("all_reduce of device tensors is staged through host memory: ",
+                       why.empty() ? std::string("another rank cannot map the group's device buffers") : why));
   }
-  return true;
+  return false;
 }
 
 }  // namespace collx::torch_glue

@@ -18,11 +18,12 @@
 // The buffers are made at the first such op (a collective exchange of the
 // blobs of peer_buffers.h), grown as tensors grow, up to maxBytes. Every rank
 // of an op that may go this way takes part, also one whose tensor is a CPU
-// tensor (gloo reduces such mixed groups, so collx must too): it votes no.
-// A group where a rank cannot map the buffers (a CPU tensor, another GPU, no
-// IPC) stages that op and every later one through host memory. An op where a
-// rank's tensor cannot go this way (on another device, not contiguous) is
-// staged by the same vote.
+// tensor (gloo reduces such mixed groups, so collx must too): it votes no,
+// and every rank stages that op. A group where a device rank cannot map the
+// buffers (another GPU, no IPC), or where every rank's tensor is a CPU tensor,
+// stages every later one too, with no vote. An op where a rank's tensor
+// cannot go this way (on another device, not contiguous) is staged by the
+// same vote.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -66,8 +67,8 @@ class PeerAllreduce {
   const LogLevel logLevel_;
   std::unique_ptr<PeerBuffers> buffers_;
   c10::Device device_{at::kCPU};  // of buffers_
-  bool unavailable_ = false;      // a rank could not map the buffers: stage
-  bool hostRank_ = false;         // and one of them had a host tensor
+  bool unavailable_ = false;      // stage from now on, with no vote
+  bool hostRank_ = false;         // a rank had a host tensor at the last setup
 };
 
 }  // namespace collx::torch_glue
