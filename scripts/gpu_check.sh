@@ -7,8 +7,9 @@
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
 # gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
 # tests, kernels, costs, allreduce, peers, variants, staging, mps (default: all), runs a part.
-# On an H200 (2026-11-27): build 35-48 s, tests ~65 s, allreduce ~100 s, staging
-# ~110 s, mps ~50 s; all of them outrun one device call (600 s), so pick steps.
+# On an H200 (2026-11-27/28): build 35-48 s, tests ~75 s, allreduce ~100 s, peers
+# ~130 s, staging ~110 s, mps ~50 s; all of them outrun one device call (600 s),
+# so pick steps.
 set -uo pipefail
 OUT=${1:?usage: gpu_check.sh OUTDIR [STEPS]}
 STEPS=${2:-all}
