@@ -322,11 +322,16 @@ def _mixed(rank, ws):
     return out
 
 
-def test_mixed_ranks_through_peers_path():
+# The votes run in the shared windows, or over TCP where the transport is TCP.
+TRANSPORTS = pytest.mark.parametrize("transport", [{}, {"COLLX_TRANSPORT": "tcp"}], ids=["default", "tcp"])
+
+
+@TRANSPORTS
+def test_mixed_ranks_through_peers_path(transport):
     """Ranks whose tensors cannot take the device path (a CPU tensor beside a
     device one, a non-contiguous one) all stage, in the same pieces: no rank
     waits for a peer that runs another op."""
-    assert run_ranks(_mixed, 2, timeout=120) == [[], []]
+    assert run_ranks(_mixed, 2, timeout=120, env=transport) == [[], []]
 
 
 def _uneven(rank, ws):
@@ -343,11 +348,12 @@ def _uneven(rank, ws):
     return out
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("env", [STAGED_ENV, {}], ids=["staged", "cpu"])
-def test_uneven_sizes_around_the_peers_path_raise(env):
+def test_uneven_sizes_around_the_peers_path_raise(env, transport):
     """A mismatched collective, reported at once on every rank (not at the
     timeout), and never reduced through buffers of different sizes."""
-    for rank, res in enumerate(run_ranks(_uneven, 2, timeout=120, env=env)):
+    for rank, res in enumerate(run_ranks(_uneven, 2, timeout=120, env={**env, **transport})):
         for case, (kind, msg, took) in res.items():
             assert kind == "DistBackendError" and "mismatched collective" in msg and took < 5, (rank, case, msg)
 
