@@ -16,6 +16,9 @@ whose tensors cannot take it.
 """
 from __future__ import annotations
 
+import datetime
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -252,8 +255,6 @@ def _through_peers(rank, ws):
     peers' buffers for every op but AVG and PREMUL_SUM from COLLX_PEER_MIN_BYTES;
     a forced algorithm and a non-contiguous tensor are staged as before.
     Returns the mismatches and the ops each path ran."""
-    import os
-
     min_bytes = int(os.environ.get("COLLX_PEER_MIN_BYTES", PEER_MIN_BYTES))
     out = []
     auto = dist.new_group(backend="collx")
@@ -299,9 +300,6 @@ def _mixed(rank, ws):
     CPU tensors, as gloo allows. Then both stage, with rank 0 passing a
     non-contiguous view. Sizes where auto's device path takes part (4 MiB)
     and where a staged tensor is pipelined (32 MiB). Returns the mismatches."""
-    import datetime
-    import os
-
     out = []
 
     def sums(group, label, strided=False):
@@ -338,8 +336,6 @@ def _uneven(rank, ws):
     """Sizes that differ across ranks where auto's device path takes part: one
     rank under its threshold (a plain all-reduce beside the other's vote), and
     both over it. Returns {case: (exception name, message, seconds)}."""
-    import datetime
-
     out = {}
     for case, count in (("across the threshold", (1 << 20) if rank == 0 else (1 << 18)),
                         ("both over it", (1 << 20) if rank == 0 else (2 << 20))):

@@ -31,14 +31,14 @@ class HostPeerBuffers final : public PeerBuffers {
   Blob exported() const override {
     Blob b{};
     const int32_t ids[2] = {int32_t(getpid()), int32_t(own_.fd())};
-    std::memcpy(b.data() + 8, ids, sizeof ids);
+    std::memcpy(b.data(), ids, sizeof ids);
     return b;
   }
   std::string attach(const std::vector<Blob>& blobs) override {
     for (size_t r = 0; r < blobs.size(); ++r) {
       if (int(r) == rank_) continue;
       int32_t ids[2];
-      std::memcpy(ids, blobs[r].data() + 8, sizeof ids);
+      std::memcpy(ids, blobs[r].data(), sizeof ids);
       peers_.push_back(shm::Segment::attach(pid_t(ids[0]), ids[1], bytes_));
       ptrs_[r] = peers_.back().data();
     }
@@ -197,9 +197,7 @@ bool Staging::claim(const at::Tensor& host) {
   return false;
 }
 
-bool Staging::pipelines(const at::Tensor& host) {
-  return chunkBytes_ <= size_t(host.nbytes()) / 2 && claim(host);
-}
+bool Staging::pipelines(const at::Tensor& host) { return spansChunks(host) && claim(host); }
 
 void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, size_t)>& run, bool whole) {
   const Mirror* m = nullptr;
@@ -209,9 +207,8 @@ void Staging::pipeline(const at::Tensor& host, const std::function<void(void*, s
   TORCH_INTERNAL_ASSERT(m, "collx: pipeline() on a tensor that was not claimed");
   const at::Tensor h = m->host.view(-1), d = m->device.view(-1);
   const int64_t n = h.numel();
-  const bool chunked = !whole && chunkBytes_ <= size_t(h.nbytes()) / 2;  // as pipelines() decides
-  const int64_t step = chunked ? std::max<int64_t>(1, int64_t(chunkBytes_ / size_t(h.element_size())))
-                               : std::max<int64_t>(1, n);
+  const int64_t step = !whole && spansChunks(h) ? std::max<int64_t>(1, int64_t(chunkBytes_ / size_t(h.element_size())))
+                                                : std::max<int64_t>(1, n);
   waitCaller();
   std::vector<size_t> down;
   for (int64_t at = 0; at < n; at += step) {

@@ -184,6 +184,8 @@ class Staging {
     bool in, out;
     bool claimed = false;  // by the op (claim)
   };
+  // Whether `host` has >= 2 pipeline chunks.
+  bool spansChunks(const at::Tensor& host) const { return chunkBytes_ <= size_t(host.nbytes()) / 2; }
   // Where [host, host + bytes) of an in-out mirror lies in its device
   // tensor, or null.
   void* tensorAddressOf(const void* host, size_t bytes) const;

@@ -50,24 +50,24 @@ class CudaPeerBuffers final : public PeerBuffers {
     c10::cuda::CUDAGuard guard(device_);
     cudaIpcMemHandle_t handle;
     check(cudaIpcGetMemHandle(&handle, mine()), "IPC handle of the peer buffer");
-    static_assert(8 + sizeof uuid_ + sizeof handle <= kBlobBytes);
+    static_assert(sizeof uuid_ + sizeof handle <= kBlobBytes);
     Blob b{};
-    std::memcpy(b.data() + 8, uuid_, sizeof uuid_);
-    std::memcpy(b.data() + 8 + sizeof uuid_, &handle, sizeof handle);
+    std::memcpy(b.data(), uuid_, sizeof uuid_);
+    std::memcpy(b.data() + sizeof uuid_, &handle, sizeof handle);
     return b;
   }
 
   std::string attach(const std::vector<Blob>& blobs) override {
     c10::cuda::CUDAGuard guard(device_);
     for (size_t r = 0; r < blobs.size(); ++r) {
-      if (int(r) != rank_ && std::memcmp(blobs[r].data() + 8, uuid_, sizeof uuid_) != 0) {
+      if (int(r) != rank_ && std::memcmp(blobs[r].data(), uuid_, sizeof uuid_) != 0) {
         return collx::str("rank ", r, "'s tensor is on another GPU (the ranks' buffers are mapped on one GPU only)");
       }
     }
     for (size_t r = 0; r < blobs.size(); ++r) {
       if (int(r) == rank_) continue;
       cudaIpcMemHandle_t handle;
-      std::memcpy(&handle, blobs[r].data() + 8 + sizeof uuid_, sizeof handle);
+      std::memcpy(&handle, blobs[r].data() + sizeof uuid_, sizeof handle);
       void* p = nullptr;
       if (cudaError_t err = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess); err != cudaSuccess) {
         cudaGetLastError();  // not sticky: clear it for the staged ops that follow
