@@ -100,13 +100,13 @@ class Calibration {
     const size_t algos = std::size(kFlatAlgorithms);
     for (size_t k = 0; k < kNumSizes; ++k) {
       const size_t count = kCalibrationSizes[k] / sizeof(float);
-      // One warm-up per size, which grows the shared workspace to it.
-      allreduce(Algorithm::kRing, DataType::kFloat32, ReduceOp::kSum, buf.data(), count);
       // Rounds interleave the algorithms, so that a drift of the machine hits
       // all alike. Each timed op follows an untimed one of its algorithm:
       // the first op after another algorithm absorbs the skew that one left
       // between the ranks, which the steady state does not have (it once
-      // made the ring look 2-3x slower than it runs at n=3 and n=4).
+      // made the ring look 2-3x slower than it runs at n=3 and n=4). The
+      // untimed ops also grow the workspace to the size, so no warm-up of
+      // its own precedes the first round (at n=4, a 1 MiB one cost 1-3 ms).
       std::vector<std::vector<double>> us(algos);
       auto round = [&] {
         for (size_t a = 0; a < algos; ++a) {
