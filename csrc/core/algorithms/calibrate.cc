@@ -106,7 +106,8 @@ class Calibration {
       // between the ranks, which the steady state does not have (it once
       // made the ring look 2-3x slower than it runs at n=3 and n=4). The
       // untimed ops also grow the workspace to the size, so no warm-up of
-      // its own precedes the first round (at n=4, a 1 MiB one cost 1-3 ms).
+      // its own precedes the first round (at n=4 a 1 MiB ring all-reduce
+      // takes about 1 ms once warm, more cold).
       std::vector<std::vector<double>> us(algos);
       auto round = [&] {
         for (size_t a = 0; a < algos; ++a) {
