@@ -280,7 +280,6 @@ def _through_peers(rank, ws):
     return out, through_peers, calls(auto), calls(ring)
 
 
-
 @pytest.mark.parametrize("knobs", [{"COLLX_PEER_BUFFER_BYTES": "4096", "COLLX_PEER_MIN_BYTES": "0"}, {}],
                          ids=["every-size-in-chunks", "defaults"])
 def test_allreduce_through_peers_buffers(knobs):
