@@ -1,8 +1,8 @@
 // All-reduce of a device tensor that stays on the device: the ranks of an
 // all-local group map each other's device buffers (CUDA IPC), so no byte
 // crosses PCIe or a socket. Staging it through host memory instead costs a
-// D2H and an H2D copy of the whole tensor around the host op; on an H200 with
-// ranks sharing the GPU those copies alone took about as long as the op.
+// D2H and an H2D copy of the whole tensor around the host op, which with
+// ranks sharing a GPU cost about as much as the op itself.
 //
 // Per chunk of at most one buffer (every rank runs the same steps, on its
 // op stream, and the host barriers are tiny all-reduces of a vote):

@@ -62,17 +62,14 @@ namespace collx::torch_glue {
 
 // Default of COLLX_DEVICE_REDUCE_MIN_BYTES: off. The operands of a staged
 // reduction lie in host memory, and reducing them on the GPU moves two
-// buffers over PCIe and syncs a stream where the host moves none. On an H100
-// with 2 and 4 ranks sharing it, GPU reductions from 64 KiB made a 16 MiB
-// all-reduce 1.7x and 1.9x slower than host reductions (scripts/gpu_check.sh,
-// its bench_var_* rows).
+// buffers over PCIe and syncs a stream where the host moves none, which made
+// large all-reduces slower (docs/measurements.md).
 constexpr size_t kDeviceReduceMinBytes = SIZE_MAX;
 // Default of COLLX_STAGING_CHUNK_BYTES: a pipelined all-reduce runs in chunks
 // of this many bytes, for tensors of >= 2 chunks. Each chunk's wait for its
-// copy costs a turn on a GPU that ranks time-share; with shared memory the CPU
-// op is fast enough for that to show. On an H200 (shared memory), 8 MiB
-// chunks ran 16 MiB 1.19x faster than 4 MiB ones at n=4 and 64 MiB 1.09x
-// faster at n=2; 16 MiB chunks and no pipelining were not better overall.
+// copy costs a turn on a GPU that ranks time-share, and with shared memory
+// the CPU op is fast enough for that to show, so chunks are few and large;
+// 8 MiB measured best of 4, 8, 16 MiB and none (docs/measurements.md).
 constexpr size_t kPipelineChunkBytes = 8 << 20;
 // Default of COLLX_PEER_BUFFER_BYTES: the largest device buffer each rank
 // maps for the all-reduce through peers' buffers (peer_allreduce.h); larger
@@ -81,9 +78,8 @@ constexpr size_t kPeerBufferBytes = 64 << 20;
 constexpr size_t kPeerBufferMinBytes = 4096;  // the least COLLX_PEER_BUFFER_BYTES accepted
 // Default of COLLX_PEER_MIN_BYTES: smaller tensors are staged on the host
 // instead. With ranks time-sharing one GPU, each of the peers path's two GPU
-// phases waits for every rank's turn: on an H200 it took 0.6 ms (n=2) and
-// 1.2 ms (n=4) at any size up to 4 MiB, where staging took 0.38 and 0.80 ms
-// at 1 MiB, and 1.25 and 2.06 ms at 4 MiB. They cross near 2 MiB at both n.
+// phases waits for every rank's turn, so its time is flat at small sizes,
+// where staging is faster; the two cross near 2 MiB (docs/measurements.md).
 constexpr size_t kPeerMinBytes = 2 << 20;
 
 class Staging {

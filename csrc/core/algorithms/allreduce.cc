@@ -15,9 +15,7 @@ constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct", "hie
 // From this size auto takes the shared-memory collectives where it can;
 // below it (down to kShmOneRoundBytes for the all-reduce) the cost model's
 // choice (a single exchange, or a tree) is as fast or faster than three
-// rounds of counters. Measured on 2 cores: at n=4, shm/tree
-// 1.04x at 64 KiB, 0.44x at 256 KiB, 0.51x at 16 MiB; at n=2 shm/ring 1.0x
-// at 64 KiB to 1 MiB, 0.82x at 64 MiB.
+// rounds of counters; from it, the windows win or tie (docs/measurements.md).
 constexpr size_t kShmMinBytes = 64 << 10;
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Algorithm::kCount));
 }  // namespace

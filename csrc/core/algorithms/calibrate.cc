@@ -24,9 +24,8 @@ namespace {
 // (tens of KiB), and the bandwidth end, where star and direct fall behind the
 // pipelined ring only past a few hundred KiB. Each size gets one round of
 // every algorithm, then as many more rounds (up to a limit) as its time
-// budget allows at the speed the first round measured: a slow link (TCP, 4
-// ranks on 2 cores) keeps calibration near 35 ms, a fast one (shared memory)
-// buys medians that one noisy run cannot spoil.
+// budget allows at the speed the first round measured: a slow link keeps
+// calibration short, a fast one buys medians that one noisy op cannot spoil.
 constexpr size_t kCalibrationSizes[] = {8, 16 << 10, 256 << 10, 1 << 20};
 constexpr int kMaxRounds[] = {5, 5, 3, 3};
 constexpr double kRoundBudgetUs[] = {1000, 2000, 3000, 6000};
@@ -103,11 +102,10 @@ class Calibration {
       // Rounds interleave the algorithms, so that a drift of the machine hits
       // all alike. Each timed op follows an untimed one of its algorithm:
       // the first op after another algorithm absorbs the skew that one left
-      // between the ranks, which the steady state does not have (it once
-      // made the ring look 2-3x slower than it runs at n=3 and n=4). The
-      // untimed ops also grow the workspace to the size, so no warm-up of
-      // its own precedes the first round (at n=4 a 1 MiB ring all-reduce
-      // takes about 1 ms once warm, more cold).
+      // between the ranks, which the steady state does not have and which
+      // would charge an algorithm for its predecessor. The untimed ops also
+      // grow the workspace to the size, so a cold first op is never timed
+      // and no warm-up of its own precedes the first round.
       std::vector<std::vector<double>> us(algos);
       auto round = [&] {
         for (size_t a = 0; a < algos; ++a) {

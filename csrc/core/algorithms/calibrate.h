@@ -4,9 +4,9 @@
 //      (or COLLX_TUNING file's) text, and one all-reduce of {hash, -hash}
 //      with MAX tells every rank whether all hashes are equal. If they are,
 //      that tuning is used and nothing is timed.
-//   2. Otherwise calibrate: at each size of kCalibrationSizes, one warm-up
-//      all-reduce, then a few timed ones of each flat algorithm; each rank
-//      keeps the median. One all-reduce with MAX gives every rank the same
+//   2. Otherwise calibrate: at each size of kCalibrationSizes, a few rounds
+//      of each flat algorithm, each timed op after an untimed one of its
+//      algorithm; each rank keeps the median. One all-reduce with MAX gives every rank the same
 //      table (the slowest rank's view), so every rank fits the same
 //      constants and auto picks the same algorithm everywhere.
 //   3. Fit, per algorithm, time = A + B·bytes (least squares on relative

@@ -85,8 +85,8 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
   // the model's flat choice, then every other flat algorithm predicted
   // within kCloseRatio of it or cheap to try, nearest first; then the
   // windows where auto took a flat algorithm over shared memory (above the
-  // one-round sizes, below kShmMinBytes): at n=4 on 2 cores, 16 KiB, they
-  // ran 1.15-1.46x faster than the model's direct or ring, and slower at n=2.
+  // one-round sizes, below kShmMinBytes), where they beat the model's choice
+  // at some group sizes and lose at others.
   Class k;
   const Tuning& t = c.costs();
   const bool one = oneRound(choice, bytes);

@@ -19,11 +19,9 @@
 // An all-gather of blocks larger than a half (more than one chunk) copies
 // straight from the peers' buffers instead, in one round, where every rank
 // can read the others' memory (ShmChunks::readInPlace): one copy per byte
-// received, not two, for one more round at the end. With 4-32 MiB blocks
-// that took 0.7-0.97x the windows' time (n=2 and n=4, 2 cores); with 16-256
-// KiB blocks at n=4, where the round costs most, 1.1x. Broadcast keeps the
-// windows: there the root's copy-in overlaps the readers' copies, and
-// reading in place measured up to 1.7x slower (n=2 at 64 MiB, n=4 at 64 KiB).
+// received, not two, for one more round at the end, which only pays once
+// the blocks are large. Broadcast keeps the windows: there the root's
+// copy-in overlaps the readers' copies, and reading in place was slower.
 #include <algorithm>
 #include <cstring>
 

@@ -227,8 +227,7 @@ int chooseTreeArity(const Tuning& t, int n, int arity, size_t bytes) {
 
 bool reduceByRing(int n, size_t bytes) {
   // Every tree rank reduces the whole buffer; the ring splits that work n
-  // ways, which wins once the buffer is large (measured: chain reduce of
-  // 64 MB at n=4 ran at 0.7x gloo, the ring beats it).
+  // ways, which wins once the buffer is large.
   constexpr size_t kRingMinBytes = 1 << 20;
   return n >= 3 && bytes >= kRingMinBytes;
 }
@@ -236,7 +235,7 @@ bool reduceByRing(int n, size_t bytes) {
 bool allgatherDirect(int n, size_t blockBytes) {
   // Both send (n-1) blocks per rank; the ring pays n-1 dependent steps, the
   // direct exchange one step but n-1 concurrent streams into every rank,
-  // which stops paying once the blocks are large (measured: 256 KiB).
+  // which stops paying once the blocks are large.
   constexpr size_t kDirectMaxBlockBytes = 256 << 10;
   return n <= 2 || blockBytes <= kDirectMaxBlockBytes;
 }
