@@ -27,6 +27,12 @@ class PeerAbortedError : public Error {
   using Error::Error;
 };
 
+// A peer's connection ended: its process exited, or it closed its group.
+class PeerClosedError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 // Numbers go through std::to_string, not an ostream: an ostream's numeric
 // insertion instantiated inside the extension crashed on a toolchain whose
@@ -58,6 +64,13 @@ std::string str(const Args&... args) {
 // or note).
 inline PeerAbortedError peerAborted(int rank, int peer, const std::string& why) {
   return PeerAbortedError(str("collx rank ", rank, ": peer ", peer, " failed and aborted the group: ", why));
+}
+
+// What a rank sees when a peer's connection ends. It starts with gloo's
+// wording, "Connection closed by peer", which torchft and log scrapers match.
+inline PeerClosedError peerClosed(int rank, int peer, const std::string& channel) {
+  return PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank, ", ", channel,
+                             " connection; the peer's process exited or it closed its group)"));
 }
 
 #define COLLX_CHECK(cond, ...)                          \

@@ -101,7 +101,8 @@ void CollxBackend::shutdown() {
                                     s.bytesReceived, " B)"));
   }
   // An op still in flight is failed, not waited for: its peers may be gone.
-  device_->interrupt();
+  device_->interrupt(collx::str("collx rank ", rank_, ": the process group was shut down while this op was in flight"),
+                    false);
   {
     // The executor thread may need the GIL to drop the last reference to a
     // tensor of its last op. Joining it with the GIL held (this destructor

@@ -210,10 +210,10 @@ void testTimeoutAndClose() {
       // The peer closed: a pending receive from it fails promptly.
       Outcome dead;
       p2p.postRecv(1, 12, floats(buf), within(60s), dead.callback());
-      dead.expectError("recv from a closed peer", "closed by the peer");
+      dead.expectError("recv from a closed peer", "Connection closed by peer");
       Outcome later;
       p2p.postSend(1, 12, floats(buf), within(60s), later.callback());
-      later.expectError("send to a closed peer", "closed by the peer");
+      later.expectError("send to a closed peer", "Connection closed by peer");
     }
   });
 }
@@ -235,7 +235,7 @@ void testReceiveAfterSenderLeft() {
     Outcome probe;  // fails once this rank has seen the connection close
     std::vector<float> other(3);
     p2p.postRecv(1, 99, floats(other), within(30s), probe.callback());
-    probe.expectError("recv from a peer that left", "closed by the peer");
+    probe.expectError("recv from a peer that left", "Connection closed by peer");
     Outcome late;
     p2p.postRecv(1, 6, floats(buf), within(30s), late.callback());
     late.expectOk("recv of a message that arrived before its sender left");

@@ -121,7 +121,7 @@ void testSetupNotes() {
 void testPeerGoneMidOp() {
   auto start = Clock::now();
   const std::string error = errorWhenPeerLeaves(ringAllreduce, 1 << 20);
-  CHECK(error.find("closed by the peer") != std::string::npos, "got: ", error);
+  CHECK(error.find("Connection closed by peer") != std::string::npos, "got: ", error);
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
 
@@ -155,7 +155,7 @@ void testAbortWhileSenderBlocked() {
 // Rank 0 times out with half of a 4 MiB message in the 1 MiB ring while
 // rank 1 is not reading: the rest cannot go in within the abort's grace, so
 // no abort frame can follow it. Rank 1 must still fail with rank 0's reason,
-// read from the note beside the ring, not just "closed by the peer".
+// read from the note beside the ring, not just "Connection closed by peer".
 void testAbortNoteBehindHalfMessage() {
   Group g(2, over(shm::Mode::kShm));
   std::string error;

@@ -30,6 +30,8 @@ constexpr auto kPureSpin = std::chrono::microseconds(20);
 // How long a failing rank may spend finishing half-sent messages so that its
 // abort frames reach the peers (all pairs together).
 constexpr auto kAbortGrace = std::chrono::milliseconds(200);
+// The same for an abort the user asked for, which must return within 100 ms.
+constexpr auto kUserAbortGrace = std::chrono::milliseconds(20);
 }  // namespace
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
@@ -85,12 +87,20 @@ void Device::close() {
   pending_ = 0;
 }
 
-void Device::interrupt() {
-  interrupted_ = true;
+void Device::interrupt(const std::string& why, bool tellPeers) {
   std::lock_guard<std::mutex> lock(socketsMutex_);
+  if (interrupted_) return;
+  interruptReason_ = why;
+  interrupted_ = true;
+  // A read shut down wakes a poll at once (the read sees an end); the
+  // waiter, failing, still writes its abort frames.
   for (auto& p : pairs_) {
-    if (p && p->fd() >= 0) ::shutdown(p->fd(), SHUT_RDWR);
+    if (p && p->fd() >= 0) ::shutdown(p->fd(), tellPeers ? SHUT_RD : SHUT_RDWR);
   }
+}
+
+void Device::abort(const std::string& why) {
+  if (error_.empty()) breakGroup(why, Failure::kAborted, Clock::now() + kUserAbortGrace);
 }
 
 void Device::throwIfBroken() const {
@@ -139,21 +149,37 @@ void Device::progressOnce(std::vector<uint64_t>& done) {
 }
 
 void Device::breakWith(const std::exception& e, bool isTimeout) {
-  error_ = interrupted_ ? str("collx rank ", rank_, ": the process group was shut down while this op was in flight")
-                       : std::string(e.what());
-  errorIsTimeout_ = isTimeout && !interrupted_;
+  Failure kind = Failure::kLocal;
+  if (interrupted_) {
+    kind = Failure::kAborted;
+  } else if (isTimeout) {
+    kind = Failure::kTimeout;
+  } else if (dynamic_cast<const PeerAbortedError*>(&e) || dynamic_cast<const PeerClosedError*>(&e)) {
+    kind = Failure::kRemote;
+  }
+  std::string why = e.what();
+  if (interrupted_) {
+    std::lock_guard<std::mutex> lock(socketsMutex_);
+    why = interruptReason_;
+  }
+  breakGroup(why, kind, Clock::now() + (interrupted_ ? kUserAbortGrace : kAbortGrace));
+  throwIfBroken();
+  throw Error(error_);  // unreachable: error_ is set
+}
+
+void Device::breakGroup(const std::string& why, Failure kind, Deadline grace) {
+  error_ = why;
+  errorIsTimeout_ = kind == Failure::kTimeout;
+  failure_ = kind;
   // Tell every peer why, so that ranks waiting on this one fail now with the
   // cause instead of at their timeout; then close, since the byte streams
   // are at unknown positions and nothing more can be matched. Finishing a
-  // half-sent message for that may take a peer that reads up to kAbortGrace.
-  const Deadline grace = Clock::now() + kAbortGrace;
+  // half-sent message for that may take a peer that reads until `grace`.
   for (auto& p : pairs_) {
     if (p) p->sendAbort(error_, grace);
   }
   closeSockets();
   pending_ = 0;
-  throwIfBroken();
-  throw Error(error_);  // unreachable: error_ is set
 }
 
 void Device::timeout() {
@@ -168,7 +194,7 @@ void Device::timeout() {
 void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   throwIfBroken();
   std::vector<pollfd> fds;
-  std::vector<Pair*> sendOnly;  // parallel to fds: pairs watched for control frames
+  std::vector<Pair*> watched;  // parallel to fds: pairs watched for control frames
   std::vector<std::pair<Pair*, size_t>> sleepers;  // ring pairs asleep in this poll, and their fds index
   size_t start = done.size();
   const Clock::time_point spinStart = Clock::now();
@@ -182,19 +208,23 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
         continue;
       }
       fds.clear();
-      sendOnly.clear();
+      watched.clear();
       sleepers.clear();
       bool moved = false;
       for (auto& p : pairs_) {
         if (!p) continue;
-        // A peer we only send to may be one that will never read (it failed
-        // or cancelled this op): listen for its abort/cancel frame too.
-        bool watch = p->wantsWrite() && !p->wantsRead() && !p->hasBufferedHeader();
+        // A peer this rank does not receive from may have failed or aborted:
+        // listen for its abort or cancel frame, so that a failure anywhere
+        // in the group reaches every rank now. One we only send to may never
+        // read, so its end is an error; an idle one may have finished the
+        // op and left. A peer whose next message is here, or whose end was
+        // read, needs no listening.
+        bool watch = !p->wantsRead() && !p->hasBufferedHeader() && !p->ended();
         if (watch && p->usesShm()) {
           // Bytes in its ring would keep the sleep from starting (prepareSleep):
           // look at them now, as poll() would have made us do.
-          p->checkControl();
-          watch = !p->hasBufferedHeader();
+          p->checkControl(UINT64_MAX, p->wantsWrite());
+          watch = !p->hasBufferedHeader() && !p->ended();
         }
         short ev = short((p->wantsRead() || watch ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
         if (!ev) continue;
@@ -208,7 +238,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
           sleepers.emplace_back(p.get(), fds.size());
         }
         fds.push_back({p->fd(), ev, 0});
-        sendOnly.push_back(watch ? p.get() : nullptr);
+        watched.push_back(watch ? p.get() : nullptr);
       }
       if (moved) {
         for (auto& [p, i] : sleepers) p->afterSleep(0);
@@ -222,7 +252,8 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
       for (auto& [p, i] : sleepers) p->afterSleep(rc > 0 ? fds[i].revents : 0);
       if (rc == 0 && Clock::now() >= deadline) timeout();
       for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
-        if (sendOnly[i] && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) sendOnly[i]->checkControl();
+        Pair* w = watched[i];
+        if (w && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) w->checkControl(UINT64_MAX, w->wantsWrite());
       }
     }
   } catch (const TimeoutError&) {

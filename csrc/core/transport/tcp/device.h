@@ -66,8 +66,17 @@ class Device : public Transport {
   std::shared_ptr<PointToPoint> sharedP2P() const { return p2p_; }
 
   // Thread-safe: makes a waitSome blocked in another thread fail promptly
-  // with "shut down" (used by Backend::shutdown with an op in flight).
-  void interrupt();
+  // with `why` (Backend::shutdown and abort with an op in flight). With
+  // `tellPeers`, the sockets stay writable so that the failing op's abort
+  // frames reach the peers; else they are shut both ways.
+  void interrupt(const std::string& why, bool tellPeers);
+  // With no op in flight (the caller makes sure): breaks the group with
+  // `why` and tells every peer, as a failing op does. No-op if broken.
+  void abort(const std::string& why);
+
+  // Why the group broke, sticky; thread-safe.
+  enum class Failure { kNone, kTimeout, kRemote, kLocal, kAborted };
+  Failure failure() const { return failure_.load(); }
 
  private:
   void throwIfBroken() const;
@@ -75,6 +84,9 @@ class Device : public Transport {
   Pair& pair(int peer);
   void progressOnce(std::vector<uint64_t>& done);
   [[noreturn]] void breakWith(const std::exception& e, bool timeout);
+  // Sets the sticky error, sends abort frames (finishing half-sent messages
+  // until `grace`), closes the sockets.
+  void breakGroup(const std::string& why, Failure kind, Deadline grace);
   [[noreturn]] void timeout();
 
   class Windows;  // windows.cc
@@ -101,6 +113,8 @@ class Device : public Transport {
   bool errorIsTimeout_ = false;
   std::mutex socketsMutex_;  // close() vs interrupt() from another thread
   std::atomic<bool> interrupted_{false};
+  std::string interruptReason_;  // under socketsMutex_, set before interrupted_
+  std::atomic<Failure> failure_{Failure::kNone};
   mutable std::mutex countersMutex_;  // counters() may be read from another thread
   TransportCounters counters_;
 };

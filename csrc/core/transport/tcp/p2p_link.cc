@@ -15,16 +15,13 @@ constexpr size_t kRxBufferBytes = 64 << 10;
 // Payload remainders at least this large are read in place, not through rx_.
 constexpr size_t kDirectReadBytes = 16 << 10;
 constexpr int kMaxIov = 64;
-constexpr const char* kClosed = "was closed by the peer (peer process exited or destroyed its group)";
 }  // namespace
 
 P2PLink::P2PLink(int rank, int peer, Socket socket, std::unique_ptr<shm::Link> rings)
     : rank_(rank), peer_(peer), stream_(std::move(socket), std::move(rings)), rx_(kRxBufferBytes) {}
 
 void P2PLink::fail(const std::string& what, int err) const {
-  if (err == ECONNRESET || err == EPIPE) {
-    throw Error(str("collx rank ", rank_, ": p2p connection to peer ", peer_, " ", kClosed, ": ", strerror(err)));
-  }
+  if (err == ECONNRESET || err == EPIPE) throw peerClosed(rank_, peer_, "p2p");
   throw Error(str("collx rank ", rank_, ": p2p connection to peer ", peer_, " ", what,
                   err ? str(": ", strerror(err)) : std::string()));
 }
@@ -90,7 +87,7 @@ bool P2PLink::fill(size_t want) {
     if (rc > 0) {
       rxEnd_ += size_t(rc);
     } else if (rc == 0) {
-      fail(kClosed, 0);
+      throw peerClosed(rank_, peer_, "p2p");
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return false;
     } else if (errno != EINTR) {
@@ -120,7 +117,7 @@ size_t P2PLink::readPayload(char* dst, size_t want) {
   for (;;) {
     ssize_t rc = stream_.recvSome(dst, want);
     if (rc > 0) return size_t(rc);
-    if (rc == 0) fail(kClosed, 0);
+    if (rc == 0) throw peerClosed(rank_, peer_, "p2p");
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     if (errno != EINTR) fail("failed while receiving", errno);
   }

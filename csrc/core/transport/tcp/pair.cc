@@ -50,10 +50,11 @@ void Pair::postRecv(const Frame& f, void* data, size_t bytes, uint64_t cookie) {
 
 void Pair::failClosed() const {
   throwIfAbortNoted();
-  fail("was closed by the peer (peer process exited or destroyed its group)", 0);
+  throw peerClosed(rank_, peer_, "collective");
 }
 
 void Pair::fail(const std::string& what, int err) const {
+  if (err == ECONNRESET || err == EPIPE) throw peerClosed(rank_, peer_, "collective");
   throw Error(str("collx rank ", rank_, ": connection to peer ", peer_, " ", what,
                   err ? str(": ", strerror(err)) : std::string()));
 }
@@ -113,6 +114,7 @@ bool Pair::fill(size_t want, bool endIsError) {
     if (rc > 0) {
       rxEnd_ += size_t(rc);
     } else if (rc == 0) {
+      ended_ = true;
       if (endIsError) failClosed();
       throwIfAbortNoted();
       return false;

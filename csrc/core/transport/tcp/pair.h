@@ -55,6 +55,9 @@ class Pair {
   // `endIsError` false: the end of the connection is no error either.
   void checkControl(uint64_t upTo = UINT64_MAX, bool endIsError = true);
   bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
+  // The peer's end of the connection has been read (it may have finished
+  // and left).
+  bool ended() const { return ended_; }
 
   // A short description of what this pair still waits for, for timeouts.
   std::string describePending() const;
@@ -118,6 +121,7 @@ class Pair {
   std::vector<char> rx_;
   size_t rxBegin_ = 0;
   size_t rxEnd_ = 0;
+  bool ended_ = false;
 
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;

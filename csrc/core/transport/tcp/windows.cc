@@ -78,8 +78,8 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
   const Deadline spinUntil = spinStart + device_.spin_;
   for (uint32_t round = 1;; ++round) {
     if (ready()) return;
-    // Backend::shutdown with this op in flight: fail now ("shut down"), as a
-    // wait on the rings does when interrupt() closes their sockets.
+    // Backend::shutdown or abort with this op in flight: fail now, as a wait
+    // on the rings does when interrupt() shuts their sockets.
     if (device_.interrupted_) device_.breakWith(Error("interrupted"), false);
     const Deadline now = Clock::now();
     if (now >= deadline) {
@@ -118,7 +118,8 @@ void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes)
         device_.breakWith(e, false);
       } catch (const Error&) {
       }
-      const std::string why = err == 0 ? "nothing read" : err == ESRCH ? "its process has exited" : strerror(err);
+      if (err == ESRCH) device_.breakWith(peerClosed(device_.rank_, r, "shared-memory"), false);
+      const std::string why = err == 0 ? "nothing read" : strerror(err);
       device_.breakWith(Error(str("collx rank ", device_.rank_, ": could not read peer ", r, "'s memory (pid ",
                                   pids_.at(size_t(r)), "): ", why)),
                         false);

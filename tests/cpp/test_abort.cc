@@ -1,0 +1,140 @@
+// Device::abort and interrupt(tellPeers), the core of Backend::abort: every
+// peer of an aborting rank fails at once with the rank's reason (its abort
+// frame), whether the rank was idle or waiting in an op; and the failure
+// kinds that Backend::getError reports.
+#include <memory>
+
+#include "../../csrc/core/algorithms/algorithms.h"
+#include "../../csrc/core/error.h"
+#include "../../csrc/core/transport/tcp/device.h"
+#include "check.h"
+#include "group.h"
+
+using namespace collx;
+
+namespace {
+
+using test::Group;
+using Failure = tcp::Device::Failure;
+
+constexpr auto kFast = std::chrono::milliseconds(1000);  // far below the 60 s deadlines
+
+// Rank r's all-reduce #seq over `algo`; returns its error ("" if none).
+std::string allreduceError(tcp::Device& d, uint64_t seq, Algorithm algo) {
+  Workspace ws;
+  Collective c{d, OpKind::kAllreduce, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60), 1 << 12, 2,
+               ws};
+  std::vector<float> buf(100000, 1.0f);
+  try {
+    allreduce(c, algo, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// An idle rank aborts while the others wait for it in an all-reduce.
+void testIdleAbort(int n, shm::Mode mode, Algorithm algo) {
+  Group g(n, test::over(mode));
+  std::vector<std::string> errors(n);
+  std::vector<Clock::duration> took(n);
+  test::runRanks(n, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    CHECK(allreduceError(d, 1, algo).empty(), "a first all-reduce on rank ", r);
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      d.abort("collx rank 0: the process group was aborted");
+      CHECK(d.failure() == Failure::kAborted, "rank 0's failure kind");
+      errors[0] = allreduceError(d, 2, algo);  // later ops fail at once
+      return;
+    }
+    const auto t0 = Clock::now();
+    errors[r] = allreduceError(d, 2, algo);
+    took[r] = Clock::now() - t0;
+    CHECK(d.failure() == Failure::kRemote, "rank ", r, " sees a remote failure");
+  });
+  CHECK(errors[0].find("aborted") != std::string::npos, "rank 0 got: ", errors[0]);
+  for (int r = 1; r < n; ++r) {
+    CHECK(errors[r].find("rank 0 failed and aborted the group") != std::string::npos ||
+              errors[r].find("peer 0 failed and aborted the group") != std::string::npos ||
+              errors[r].find("failed and aborted the group: collx rank 0: the process group was aborted") !=
+                  std::string::npos,
+          "rank ", r, " got: ", errors[r]);
+    CHECK(took[r] < kFast, "rank ", r, " learnt of the abort only after ",
+          std::chrono::duration<double>(took[r]).count(), " s");
+  }
+}
+
+// Every rank but the last waits in an all-reduce that the last never joins;
+// rank 0 is interrupted from another thread (Backend::abort with an op in
+// flight): it fails at once and its peers hear why.
+void testInFlightAbort(int n, shm::Mode mode, Algorithm algo) {
+  Group g(n, test::over(mode));
+  std::vector<std::string> errors(n);
+  std::vector<Clock::duration> took(n);
+  test::runRanks(n, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    if (r == n - 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      return;  // never joins #1
+    }
+    std::thread aborter;
+    if (r == 0) {
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        d.interrupt("collx rank 0: the process group was aborted", true);
+      });
+    }
+    const auto t0 = Clock::now();
+    errors[r] = allreduceError(d, 1, algo);
+    took[r] = Clock::now() - t0;
+    if (aborter.joinable()) aborter.join();
+  });
+  CHECK(g.devices[0]->failure() == Failure::kAborted, "rank 0's failure kind");
+  CHECK(errors[0].find("the process group was aborted") != std::string::npos, "rank 0 got: ", errors[0]);
+  for (int r = 0; r < n - 1; ++r) {
+    CHECK(!errors[r].empty(), "rank ", r, " did not fail");
+    CHECK(took[r] < kFast, "rank ", r, " failed only after ", std::chrono::duration<double>(took[r]).count(), " s");
+  }
+  for (int r = 1; r < n - 1; ++r) {
+    CHECK(errors[r].find("aborted") != std::string::npos, "rank ", r, " got: ", errors[r]);
+    CHECK(g.devices[r]->failure() == Failure::kRemote, "rank ", r, "'s failure kind");
+  }
+}
+
+void testTimeoutKind() {
+  Group g(2, test::over(shm::Mode::kTcp));
+  test::runRanks(2, [&](int r) {
+    if (r == 1) return;
+    Workspace ws;
+    tcp::Device& d = *g.devices[0];
+    Collective c{d, OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::milliseconds(100), 1 << 12,
+                 2, ws};
+    std::vector<float> buf(10, 1.0f);
+    bool timedOut = false;
+    try {
+      allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const TimeoutError&) {
+      timedOut = true;
+    }
+    CHECK(timedOut && d.failure() == Failure::kTimeout, "a timeout is reported as one");
+  });
+}
+
+}  // namespace
+
+int main() {
+  for (shm::Mode mode : {shm::Mode::kTcp, shm::Mode::kShm}) {
+    for (Algorithm algo : {Algorithm::kRing, Algorithm::kDirect}) {
+      for (int n : {2, 3, 4}) {
+        testIdleAbort(n, mode, algo);
+        testInFlightAbort(n + 1, mode, algo);
+      }
+    }
+  }
+  testInFlightAbort(3, shm::Mode::kShm, Algorithm::kShm);
+  testIdleAbort(3, shm::Mode::kShm, Algorithm::kShm);
+  testTimeoutKind();
+  std::printf("test_abort: ok\n");
+  return 0;
+}
