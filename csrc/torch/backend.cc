@@ -72,7 +72,7 @@ void CollxBackend::tune() {
                                  config_.segmentBytes, " B, tree arity ", config_.treeArity, "; ",
                                  device_->transportNote());
   }
-  Collective c{*device_, OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + timeout_, config_.segmentBytes,
+  Collective c{*device_, OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + timeout(), config_.segmentBytes,
                config_.treeArity, workspace_};
   TuningOutcome out = asDistError("init", rank_, [&] { return tuneGroup(c, policy); });
   tuning_ = out.tuning;
@@ -169,6 +169,8 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     } catch (const std::exception& e) {
       error = distError(describe() + e.what());
       if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + e.what());
+      const auto failure = device_->failure();
+      if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) runAbortHooks();
     }
     work->complete(error);
   };
@@ -176,6 +178,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + why);
     work->complete(distError(describe() + why));
   };
+  if (aborted_) C10_THROW_ERROR(DistBackendError, describe() + abortedMessage());
   asDistError(name(kind), rank_, [&] {
     work->attach(executor_, executor_->submit(std::move(task), /*wake=*/!tCallerWaits));
     return 0;
@@ -199,7 +202,7 @@ void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {
   // A failure here is sticky in the device and reported by the next op.
   task.run = [this, seq, kind, why] {
     try {
-      device_->cancel(seq, kind, why, Clock::now() + timeout_);
+      device_->cancel(seq, kind, why, Clock::now() + timeout());
     } catch (const std::exception&) {
     }
   };
@@ -217,12 +220,12 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::barrier(const c10d::BarrierOptions&
     starAllreduce(c, &token, 1, cpuReduceFn(DataType::kUInt8, ReduceOp::kBor));
     return std::string("barrier/star");
   };
-  return enqueue(c10d::OpType::BARRIER, OpKind::kBarrier, DataType::kUInt8, {}, opTimeout(opts.timeout, timeout_),
+  return enqueue(c10d::OpType::BARRIER, OpKind::kBarrier, DataType::kUInt8, {}, opTimeout(opts.timeout, timeout()),
                  std::move(body));
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> CollxBackend::getBackendOptions() {
-  return c10::make_intrusive<c10d::Backend::Options>("collx", timeout_);
+  return c10::make_intrusive<c10d::Backend::Options>("collx", timeout());
 }
 
 c10::intrusive_ptr<c10d::Backend> CollxBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
@@ -230,8 +233,8 @@ c10::intrusive_ptr<c10d::Backend> CollxBackend::split(const c10::intrusive_ptr<c
                                                       const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;  // not a member of the new group
-  auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_;
-  return c10::make_intrusive<CollxBackend>(store, int(it - ranks.begin()), int(ranks.size()), timeout, config_);
+  const auto limit = opts && opts->timeout.count() > 0 ? opts->timeout : timeout();
+  return c10::make_intrusive<CollxBackend>(store, int(it - ranks.begin()), int(ranks.size()), limit, config_);
 }
 
 std::vector<int> CollxBackend::hosts() const {

@@ -138,6 +138,23 @@ class CollxBackend : public c10d::Backend {
                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   void shutdown() override;
 
+  // Fault tolerance (fault_tolerance.cc): torch 2.14's virtuals. Those that
+  // older torch lacks carry no `override`, so the glue builds against both.
+  void setTimeout(std::chrono::milliseconds timeout);
+  c10d::ErrorType getError() override;
+  // Fails every queued and in-flight op now, tells the peers, releases the
+  // connections. Idempotent, from any thread, before or after shutdown().
+  void abort() override;
+#ifdef C10D_BACKEND_HAS_HOOKS
+  void registerAbortHook(int64_t id, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t id) override;
+#endif
+  bool supportsShrinking() const { return true; }
+  // A new group of the ranks not in `exclude`, renumbered in order; every
+  // survivor calls it with the same list, which they check.
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& exclude, int flags = 0,
+                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts = nullptr);
+
   Stats stats() const;
   const std::string& transportNote() const { return device_->transportNote(); }
   const Config& config() const { return config_; }
@@ -209,8 +226,26 @@ class CollxBackend : public c10d::Backend {
   // cache): the group's first exchange, before any op.
   void tune();
 
+  // The group's timeout now: dist.set_timeout changes it for later ops.
+  std::chrono::milliseconds timeout() const { return timeout_.load(); }
+  // The first failure of an op or of the group, kept for getError (p2p ops
+  // report theirs here; the collectives' is the device's).
+  void noteFailure(tcp::Device::Failure kind);
+  // Runs the abort hooks once, before the first failure breaking the group
+  // reaches its ops' Works.
+  void runAbortHooks();
+  std::string abortedMessage() const;
+
   const Config config_;
-  const std::chrono::milliseconds timeout_;
+  const c10::intrusive_ptr<c10d::Store> store_;  // the group's; shrink meets in it
+  std::atomic<std::chrono::milliseconds> timeout_;
+  std::atomic<bool> timeoutSet_{false};  // by dist.set_timeout
+  std::atomic<bool> aborted_{false};
+  std::atomic<tcp::Device::Failure> p2pFailure_{tcp::Device::Failure::kNone};
+  std::mutex hooksMutex_;
+  std::map<int64_t, std::function<void()>> abortHooks_;
+  bool hooksRan_ = false;  // under hooksMutex_
+  uint64_t shrinks_ = 0;   // shrinks of this group so far: the same on every survivor
   std::unique_ptr<tcp::Device> device_;
   std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> seq_{0};

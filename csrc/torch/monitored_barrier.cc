@@ -82,9 +82,12 @@ std::string joined(const std::vector<int>& ranks) {
 }  // namespace
 
 void CollxBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  // 0 is a timeout here (gloo's test passes it), only kUnsetTimeout (-1) is unset.
-  const auto timeout = opts.timeout.count() >= 0 ? opts.timeout : timeout_;
-  const Deadline deadline = Clock::now() + timeout;
+  // 0 is a timeout here (gloo's test passes it), only kUnsetTimeout (-1) is
+  // unset. Python passes torch's default (30 min) for timeout=None: after
+  // dist.set_timeout, that default means the group's timeout.
+  const bool byDefault = opts.timeout.count() < 0 || (timeoutSet_ && opts.timeout == kBackendDefaultTimeout);
+  const auto limit = byDefault ? timeout() : opts.timeout;
+  const Deadline deadline = Clock::now() + limit;
   const uint64_t tag = kMonitoredBarrierTags;
   PointToPoint& p2p = device_->p2p();
   uint8_t arrival = 0;
@@ -126,13 +129,13 @@ void CollxBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitA
   {
     const uint8_t verdict = missing.empty() ? 0 : 1;
     Waiter w(p2p);
-    const Deadline until = Clock::now() + timeout_;  // the barrier's own may have passed
+    const Deadline until = Clock::now() + timeout();  // the barrier's own may have passed
     for (int r : arrived) {
       p2p.postSend(r, tag, {const_cast<uint8_t*>(&verdict), 1, DataType::kUInt8}, until, w.done(w.add()));
     }
   }
   if (missing.empty()) return;
-  const auto ms = timeout.count();
+  const auto ms = limit.count();
   const std::string who = waitAllRanks ? collx::str("Ranks ", joined(missing)) : collx::str("Rank ", missing[0]);
   fail("monitored_barrier", rank_,
        collx::str("[Rank 0]: ", who, " failed to pass monitoredBarrier in ", ms, " ms (",

@@ -54,7 +54,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::broadcast(std::vector<at::Tensor>& 
       if (useSharedWindows(c.transport, size_t(flat.nbytes()))) return std::string("broadcast/shm");
       return treeLabel("broadcast", c, size_t(flat.nbytes()));
     };
-    return enqueue(c10d::OpType::BROADCAST, OpKind::kBroadcast, dtype, outputs, opTimeout(opts.timeout, timeout_),
+    return enqueue(c10d::OpType::BROADCAST, OpKind::kBroadcast, dtype, outputs, opTimeout(opts.timeout, timeout()),
                    std::move(body));
   });
 }
@@ -109,7 +109,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
       }
       return label;
     };
-    return enqueue(c10d::OpType::ALLGATHER, OpKind::kAllgather, dtype, all, opTimeout(opts.timeout, timeout_),
+    return enqueue(c10d::OpType::ALLGATHER, OpKind::kAllgather, dtype, all, opTimeout(opts.timeout, timeout()),
                    std::move(body));
   });
 }
@@ -152,7 +152,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
       return label;
     };
     return enqueue(c10d::OpType::_ALLGATHER_BASE, OpKind::kAllgather, dtype, outputs,
-                   opTimeout(opts.timeout, timeout_), std::move(body));
+                   opTimeout(opts.timeout, timeout()), std::move(body));
   });
 }
 
@@ -196,7 +196,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::gather(std::vector<std::vector<at::
       }
       return std::string("gather/direct");
     };
-    return enqueue(c10d::OpType::GATHER, OpKind::kGather, dtype, outs, opTimeout(opts.timeout, timeout_),
+    return enqueue(c10d::OpType::GATHER, OpKind::kGather, dtype, outs, opTimeout(opts.timeout, timeout()),
                    std::move(body));
   });
 }
@@ -239,7 +239,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::scatter(std::vector<at::Tensor>& ou
       if (buf.data_ptr() != out.data_ptr()) out.copy_(buf);
       return std::string("scatter/direct");
     };
-    return enqueue(c10d::OpType::SCATTER, OpKind::kScatter, dtype, outputs, opTimeout(opts.timeout, timeout_),
+    return enqueue(c10d::OpType::SCATTER, OpKind::kScatter, dtype, outputs, opTimeout(opts.timeout, timeout()),
                    std::move(body));
   });
 }
@@ -304,7 +304,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
       if (dst.data_ptr() != output.data_ptr()) output.copy_(dst);
       return std::string("all_to_all/direct");
     };
-    return enqueue(c10d::OpType::ALLTOALL_BASE, OpKind::kAllToAll, dtype, {output}, opTimeout(opts.timeout, timeout_),
+    return enqueue(c10d::OpType::ALLTOALL_BASE, OpKind::kAllToAll, dtype, {output}, opTimeout(opts.timeout, timeout()),
                    std::move(body));
   });
 }
@@ -349,7 +349,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall(std::vector<at::Tensor>& o
       }
       return std::string("all_to_all/direct");
     };
-    return enqueue(c10d::OpType::ALLTOALL, OpKind::kAllToAll, dtype, outputs, opTimeout(opts.timeout, timeout_),
+    return enqueue(c10d::OpType::ALLTOALL, OpKind::kAllToAll, dtype, outputs, opTimeout(opts.timeout, timeout()),
                    std::move(body));
   });
 }

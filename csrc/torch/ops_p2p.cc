@@ -32,10 +32,13 @@ struct P2PBatch {
   c10::intrusive_ptr<CollxWork> work;
   std::shared_ptr<std::atomic<int>> source;
   std::string describe;  // "collx send (float32) failed on rank 0: "
-  std::function<void(const std::string& error)> report;  // stats and log lines, once finished
+  // Stats and log lines, once finished; `failure`: a timeout or a peer's end
+  // (for getError), else kNone.
+  std::function<void(const std::string& error, tcp::Device::Failure failure)> report;
   std::atomic<size_t> left{0};
   std::mutex mu;
   std::string error;  // the first op's error, if any
+  tcp::Device::Failure failure = tcp::Device::Failure::kNone;
 
   void onDone(int src, std::exception_ptr e) {
     if (e) {
@@ -43,6 +46,12 @@ struct P2PBatch {
       if (error.empty()) {
         try {
           std::rethrow_exception(e);
+        } catch (const TimeoutError& ex) {
+          error = ex.what();
+          failure = tcp::Device::Failure::kTimeout;
+        } catch (const PeerClosedError& ex) {
+          error = ex.what();
+          failure = tcp::Device::Failure::kRemote;
         } catch (const std::exception& ex) {
           error = ex.what();
         }
@@ -65,7 +74,7 @@ struct P2PBatch {
       error = ex.what();
     }
     if (!error.empty()) failure = distError(describe + error);
-    report(error);
+    report(error, this->failure);
     work->complete(failure);
   }
 };
@@ -105,8 +114,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
   }
   const auto start = Clock::now();
   batch->report = [this, what, dtype, n = ops.size(), staged = bool(batch->staging), start,
-                   describe = batch->describe](const std::string& error) {
+                   describe = batch->describe](const std::string& error, tcp::Device::Failure failure) {
     if (!error.empty()) {
+      noteFailure(failure);
       if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe + error);
       return;
     }
@@ -126,7 +136,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
   };
   // Keeps the Work from completing before every op is posted.
   batch->left = ops.size() + 1;
-  const Deadline deadline = Clock::now() + timeout_;
+  const Deadline deadline = Clock::now() + timeout();
   for (size_t i = 0; i < ops.size(); ++i) {
     const at::Tensor& b = batch->bufs[i];
     P2PBuffer buffer{b.data_ptr(), size_t(b.nbytes()), coreDtype(b, what, rank_)};
@@ -198,11 +208,18 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::endCoalescing() {
     ops.swap(coalesced_);
     staging.swap(coalescedStaging_);
   }
+  if (ops.empty() && aborted_) {
+    // _abort_process_group aborts inside a coalescing region: nothing to
+    // wait for, and nothing may run.
+    auto work = c10::make_intrusive<CollxWork>(c10d::OpType::COALESCED, nullptr, std::vector<at::Tensor>{}, seq_.load());
+    work->complete(nullptr);
+    return work;
+  }
   if (ops.empty()) {
     // Collectives coalesce in Python: this Work completes after every op
     // issued before it, as the ordered executor runs them.
     auto none = [](const Collective&) { return std::string("coalesced/none"); };
-    return enqueue(c10d::OpType::COALESCED, OpKind::kBarrier, DataType::kUInt8, {}, timeout_, none, false);
+    return enqueue(c10d::OpType::COALESCED, OpKind::kBarrier, DataType::kUInt8, {}, timeout(), none, false);
   }
   if (staging) return runStaged(staging, [&] { return postP2P(std::move(ops), c10d::OpType::COALESCED); });
   return postP2P(std::move(ops), c10d::OpType::COALESCED);

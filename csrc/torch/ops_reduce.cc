@@ -84,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& 
     checkSingle(tensors, "all_reduce", rank_);
     checkTensor(tensors[0], "all_reduce", rank_);
     return allreduceFlat(c10d::OpType::ALLREDUCE, tensors, opts.reduceOp, config_.algorithm,
-                         opTimeout(opts.timeout, timeout_));
+                         opTimeout(opts.timeout, timeout()));
   });
 }
 
@@ -96,7 +96,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceWith(at::Tensor& tensor, c
       return w;
     }
     checkTensor(tensor, "all_reduce", rank_);
-    return allreduceFlat(c10d::OpType::ALLREDUCE, {tensor}, op, algorithm, timeout_);
+    return allreduceFlat(c10d::OpType::ALLREDUCE, {tensor}, op, algorithm, timeout());
   });
 }
 
@@ -116,7 +116,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce_coalesced(std::vector<at:
       }
     }
     return allreduceFlat(c10d::OpType::ALLREDUCE_COALESCED, tensors, opts.reduceOp, config_.algorithm,
-                         opTimeout(opts.timeout, timeout_));
+                         opTimeout(opts.timeout, timeout()));
   });
 }
 
@@ -148,7 +148,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
       return reduceByRing(c.size(), size_t(flat.nbytes())) ? std::string("reduce/ring")
                                                             : treeLabel("reduce", c, size_t(flat.nbytes()));
     };
-    return enqueue(c10d::OpType::REDUCE, OpKind::kReduce, dtype, outputs, opTimeout(opts.timeout, timeout_),
+    return enqueue(c10d::OpType::REDUCE, OpKind::kReduce, dtype, outputs, opTimeout(opts.timeout, timeout()),
                    std::move(body));
   });
 }
@@ -198,7 +198,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
       return reduceScatterInto(copies_, c, r, dtype, in, out);
     };
     return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
-                   opTimeout(opts.timeout, timeout_), std::move(body));
+                   opTimeout(opts.timeout, timeout()), std::move(body));
   });
 }
 
@@ -242,7 +242,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
       return label;
     };
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpKind::kReduceScatter, dtype, outputs,
-                   opTimeout(opts.timeout, timeout_), std::move(body));
+                   opTimeout(opts.timeout, timeout()), std::move(body));
   });
 }
 

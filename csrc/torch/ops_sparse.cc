@@ -79,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceSparse(const at::Tensor& t
     tensor.copy_(output.coalesce());
     return std::string("all_reduce/sparse");
   };
-  return enqueue(c10d::OpType::ALLREDUCE, OpKind::kAllreduce, dtype, {tensor}, opTimeout(opts.timeout, timeout_),
+  return enqueue(c10d::OpType::ALLREDUCE, OpKind::kAllreduce, dtype, {tensor}, opTimeout(opts.timeout, timeout()),
                  std::move(body));
 }
 

@@ -39,7 +39,7 @@ int64_t P2PEngine::millis(const Op& op) {
 }
 
 P2PEngine::P2PEngine(int rank, std::vector<Socket> sockets, std::vector<std::unique_ptr<shm::Link>> rings)
-    : rank_(rank), links_(sockets.size()), incoming_(sockets.size()), linkError_(sockets.size()) {
+    : rank_(rank), links_(sockets.size()), incoming_(sockets.size()), linkError_(sockets.size()), linkRemote_(sockets.size()) {
   for (size_t peer = 0; peer < sockets.size(); ++peer) {
     if (sockets[peer].valid()) {
       links_[peer] = std::make_unique<P2PLink>(rank, int(peer), std::move(sockets[peer]), std::move(rings[peer]));
@@ -69,7 +69,8 @@ void P2PEngine::postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline dead
   const uint64_t id = ++nextId_;
   auto it = sends_.emplace(id, Op{peer, tag, buffer, deadline, Clock::now(), std::move(done)}).first;
   if (!closed_.empty() || !links_[peer]->alive()) {
-    finish(sends_, it, error(str(closed_.empty() ? linkError_[peer] : closed_, " (", describe(it->second, true), ")")));
+    const std::string why = str(closed_.empty() ? linkError_[peer] : closed_, " (", describe(it->second, true), ")");
+    finish(sends_, it, closed_.empty() ? linkError(peer, why) : error(why));
   } else {
     const bool eager = buffer.bytes <= kEagerBytes;
     FrameHeader h{kFrameMagic, uint8_t(eager ? OpKind::kP2P : OpKind::kP2PRequest), uint8_t(buffer.dtype), 0,
@@ -95,7 +96,7 @@ void P2PEngine::postRecv(int peer, uint64_t tag, P2PBuffer buffer, Deadline dead
     matchParked(it);
     if (recvs_.count(id) && !it->second.matched) {
       if (peer != kAnySource && !links_[peer]->alive()) {
-        finish(recvs_, it, error(str(linkError_[peer], " (", describe(it->second, false), ")")));
+        finish(recvs_, it, linkError(peer, str(linkError_[peer], " (", describe(it->second, false), ")")));
       } else {
         failIfNoPeers();
       }
@@ -205,7 +206,7 @@ void P2PEngine::progressLink(int peer) {
     link.write(written);
     onWritten(written);
   } catch (const Error& e) {
-    failLink(peer, e.what());
+    failLink(peer, e.what(), dynamic_cast<const PeerClosedError*>(&e) != nullptr);
   }
 }
 
@@ -343,18 +344,24 @@ void P2PEngine::finish(OpMap& ops, OpMap::iterator it, std::exception_ptr err) {
   ops.erase(it);
 }
 
-void P2PEngine::failLink(int peer, const std::string& why) {
+std::exception_ptr P2PEngine::linkError(int peer, const std::string& why) const {
+  if (linkRemote_[peer]) return std::make_exception_ptr(PeerClosedError(why));
+  return error(why);
+}
+
+void P2PEngine::failLink(int peer, const std::string& why, bool remote) {
   links_[peer]->close();
   linkError_[peer] = why;
+  linkRemote_[peer] = remote;
   incoming_[peer] = Incoming{};
   for (auto it = sends_.begin(); it != sends_.end();) {
     auto cur = it++;
-    if (cur->second.peer == peer) finish(sends_, cur, error(str(why, " (", describe(cur->second, true), ")")));
+    if (cur->second.peer == peer) finish(sends_, cur, linkError(peer, str(why, " (", describe(cur->second, true), ")")));
   }
   for (auto it = recvs_.begin(); it != recvs_.end();) {
     auto cur = it++;
     if (cur->second.peer == peer || (cur->second.matched && cur->second.source == peer)) {
-      finish(recvs_, cur, error(str(why, " (", describe(cur->second, false), ")")));
+      finish(recvs_, cur, linkError(peer, str(why, " (", describe(cur->second, false), ")")));
     }
   }
   // Messages that fully arrived stay receivable; the rest never will be.

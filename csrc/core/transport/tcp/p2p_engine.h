@@ -118,7 +118,10 @@ class P2PEngine : public PointToPoint {
   void expire();
   Deadline nextDeadline() const;
   void finish(OpMap& ops, OpMap::iterator it, std::exception_ptr error);
-  void failLink(int peer, const std::string& why);
+  // `remote`: the peer is gone (PeerClosedError), not this rank's failure.
+  void failLink(int peer, const std::string& why, bool remote = false);
+  // The error of an op on `peer`'s failed link, typed as the link's was.
+  std::exception_ptr linkError(int peer, const std::string& why) const;
   void failIfNoPeers();
   // Runs the finished ops' callbacks with the lock released.
   void runFinished(std::unique_lock<std::mutex>& lock);
@@ -130,6 +133,7 @@ class P2PEngine : public PointToPoint {
   std::vector<std::unique_ptr<P2PLink>> links_;  // by peer; null for self
   std::vector<Incoming> incoming_;               // by peer
   std::vector<std::string> linkError_;           // by peer: why it is gone
+  std::vector<char> linkRemote_;                 // by peer: it was the peer's end
   OpMap sends_, recvs_;
   std::map<uint64_t, Parked> parked_;            // by id: arrival order
   std::map<uint64_t, std::string> notes_;        // payloads of queued control frames
