@@ -35,6 +35,7 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
                            std::chrono::milliseconds timeout, Config config)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
+      store_(store),
       timeout_(timeout) {
   StoreAdapter adapter(store);
   tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout, config_.transport, config_.readPeers,
