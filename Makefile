@@ -1,6 +1,7 @@
 # The project's front door. Both targets set themselves up from a fresh clone:
 # a venv with torch, the extension built against it, then the job.
-#   make demo   DDP training over collx on 4 local ranks, then collx vs gloo
+#   make demo   DDP training over collx on 4 local ranks, one killed mid-training
+#               and the survivors going on (shrink_group), then collx vs gloo
 #   make test   C++ core tests, then the Python multi-process tests
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,14 +14,19 @@ PY := $(VENV)/bin/python
 TORCHRUN := $(VENV)/bin/torchrun
 SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
 
-.PHONY: demo test test-cpp test-py bench torch-suite sanitize sanitize-address sanitize-thread setup build clean
+.PHONY: demo elastic test test-cpp test-py bench torch-suite sanitize sanitize-address sanitize-thread setup build clean
 
 demo: build
 	$(TORCHRUN) --nproc_per_node=4 examples/train_ddp.py
+	$(PY) examples/elastic.py --ranks 4
 	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M --time-per-point 0.3
 	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M --time-per-point 0.3
 
 test: build test-cpp test-py
+
+# A rank SIGKILLed mid-training; the survivors shrink the group and go on.
+elastic: build
+	$(PY) examples/elastic.py --ranks 4
 
 setup: $(VENV)/.ready
 $(VENV)/.ready:

@@ -125,10 +125,12 @@ def _abort_in_flight(rank, ws):
     return out
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", TRANSPORTS + ["staged"])
 @pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
 def test_abort_fails_everything_in_flight_at_once(ws, transport):
-    res = run_ranks(_abort_in_flight, ws, timeout=90, pg_timeout=GROUP_TIMEOUT, env={"COLLX_TRANSPORT": transport})
+    # "staged": the CUDA tensors' path, emulated on CPU tensors (staging.h).
+    env = {"COLLX_STAGE_CPU_TENSORS": "1"} if transport == "staged" else {"COLLX_TRANSPORT": transport}
+    res = run_ranks(_abort_in_flight, ws, timeout=90, pg_timeout=GROUP_TIMEOUT, env=env)
     r0 = res[0]
     assert r0["abort_took"] < 1.0, f"abort took {r0['abort_took']:.2f} s"
     for rank in range(ws - 1):
