@@ -4,9 +4,31 @@
 
 namespace collx {
 
+namespace {
+// The executor whose task this thread runs, if any.
+thread_local const Executor* tRunning = nullptr;
+
+void runTask(const Executor* owner, std::function<void()>& run) {
+  const Executor* outer = tRunning;
+  tRunning = owner;
+  try {
+    run();
+  } catch (...) {
+    tRunning = outer;
+    throw;
+  }
+  tRunning = outer;
+}
+}  // namespace
+
+bool Executor::inTask() const { return tRunning == this; }
+
 Executor::Executor() : thread_([this] { loop(); }) {}
 
-Executor::~Executor() { shutdown("the collx executor was destroyed"); }
+Executor::~Executor() {
+  destroying_ = true;
+  shutdown("the collx executor was destroyed");
+}
 
 uint64_t Executor::submit(Task task, bool wake) {
   uint64_t id;
@@ -56,7 +78,7 @@ void Executor::runUntil(uint64_t id) {
       std::unique_lock<std::mutex> lock(mu_);
       if (!take(lock, id, task)) return;
     }
-    task.run();
+    runTask(this, task.run);
     finished();
   }
 }
@@ -74,10 +96,11 @@ void Executor::shutdown(const std::string& why) {
   for (auto& t : dropped) t.cancel(why);
   if (!thread_.joinable()) return;
   if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();  // the last owner let go from inside a task
-  } else {
-    thread_.join();
+    if (destroying_) thread_.detach();  // the last owner let go from inside a task
+    return;  // else the thread ends after this task, and the destructor joins it
   }
+  if (inTask() && !destroying_) return;  // a task run inline by this thread: the same
+  thread_.join();
 }
 
 void Executor::loop() {
@@ -88,7 +111,7 @@ void Executor::loop() {
       cv_.wait(lock, [&] { return (stopping_ && !running_) || (!running_ && !queue_.empty()); });
       if (!take(lock, UINT64_MAX, task)) return;  // stopping and drained
     }
-    task.run();
+    runTask(this, task.run);
     finished();
   }
 }

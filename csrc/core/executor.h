@@ -43,7 +43,11 @@ class Executor {
 
   // Stops taking tasks, cancels those not started with `why`, waits for the
   // running one to return (the caller makes sure it can), joins the thread.
+  // Called from inside a task (a hook or a Future callback), it does not
+  // wait for that task: the thread ends after it, and the destructor joins.
   void shutdown(const std::string& why);
+  // Whether the calling thread is running one of this executor's tasks.
+  bool inTask() const;
 
  private:
   void loop();
@@ -58,6 +62,7 @@ class Executor {
   uint64_t frontId_ = 1;    // id of queue_.front()
   bool running_ = false;    // a task is running, in any thread
   bool stopping_ = false;
+  bool destroying_ = false;  // in the destructor: the thread must end or be detached
   std::thread thread_;
 };
 

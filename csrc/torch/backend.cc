@@ -96,6 +96,17 @@ void CollxBackend::tune() {
 CollxBackend::~CollxBackend() { shutdown(); }
 
 void CollxBackend::shutdown() {
+  // The executor thread may need the GIL to drop the last reference to a
+  // tensor of its last op. Waiting for it with the GIL held (this destructor
+  // runs from Python's GC) would deadlock, so let go of the GIL first.
+  std::optional<pybind11::gil_scoped_release> noGil;
+  if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
+  std::unique_lock<std::mutex> lock(lifecycleMutex_, std::defer_lock);
+  if (executor_->inTask()) {
+    if (!lock.try_lock()) return;  // abort() is tearing the group down already
+  } else {
+    lock.lock();
+  }
   if (!shutDown_.exchange(true) && logs(LogLevel::kInfo)) {
     const Stats s = stats();
     log(LogLevel::kInfo, collx::str("shutting down after ", s.ops, " ops (sent ", s.bytesSent, " B, received ",
@@ -104,16 +115,9 @@ void CollxBackend::shutdown() {
   // An op still in flight is failed, not waited for: its peers may be gone.
   device_->interrupt(collx::str("collx rank ", rank_, ": the process group was shut down while this op was in flight"),
                     false);
-  {
-    // The executor thread may need the GIL to drop the last reference to a
-    // tensor of its last op. Joining it with the GIL held (this destructor
-    // runs from Python's GC) would deadlock, so let go of the GIL meanwhile.
-    std::optional<pybind11::gil_scoped_release> noGil;
-    if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
-    executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
-    // Pending sends and receives fail now; their callbacks may take the GIL too.
-    device_->p2p().close(collx::str("collx rank ", rank_, ": the process group was shut down"));
-  }
+  executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
+  // Pending sends and receives fail now; their callbacks may take the GIL too.
+  device_->p2p().close(collx::str("collx rank ", rank_, ": the process group was shut down"));
   device_->close();
 }
 

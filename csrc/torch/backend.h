@@ -241,6 +241,7 @@ class CollxBackend : public c10d::Backend {
   std::atomic<std::chrono::milliseconds> timeout_;
   std::atomic<bool> timeoutSet_{false};  // by dist.set_timeout
   std::atomic<bool> aborted_{false};
+  std::mutex lifecycleMutex_;  // abort() and shutdown() run one at a time
   std::atomic<tcp::Device::Failure> p2pFailure_{tcp::Device::Failure::kNone};
   std::mutex hooksMutex_;
   std::map<int64_t, std::function<void()>> abortHooks_;

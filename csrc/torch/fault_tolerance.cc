@@ -65,18 +65,27 @@ std::string CollxBackend::abortedMessage() const {
 }
 
 void CollxBackend::abort() {
-  if (aborted_.exchange(true)) return;
   const std::string why = abortedMessage();
+  aborted_ = true;  // later ops fail at once, from here on
+  // Called from inside an op's task (an abort hook, a Future callback), the
+  // op in flight is this one: nothing to wait for, and waiting would deadlock.
+  const bool inTask = executor_->inTask();
+  // As in shutdown(): the op in flight may need the GIL to finish, so it is
+  // let go before anything here waits.
+  std::optional<pybind11::gil_scoped_release> noGil;
+  if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
+  std::unique_lock<std::mutex> lock(lifecycleMutex_, std::defer_lock);
+  if (inTask) {
+    if (!lock.try_lock()) return;  // shutdown() or abort() is tearing the group down already
+  } else {
+    lock.lock();
+  }
+  if (shutDown_) return;
   if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, "aborting");
   device_->interrupt(why, /*tellPeers=*/true);
-  {
-    // As in shutdown(): the op in flight may need the GIL to finish.
-    std::optional<pybind11::gil_scoped_release> noGil;
-    if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
-    executor_->shutdown(why);
-    device_->abort(why);
-    device_->p2p().close(why);
-  }
+  executor_->shutdown(why);
+  device_->abort(why);
+  device_->p2p().close(why);
   device_->close();
   shutDown_ = true;
 }
@@ -142,7 +151,7 @@ c10::intrusive_ptr<c10d::Backend> CollxBackend::shrink(const std::vector<int64_t
   if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
   const auto limit = opts && opts->timeout.count() > 0 ? opts->timeout : timeout();
 
-  // Every survivor excludes the same ranks, or none goes on.
+  // Every survivor checks that the others exclude the same ranks.
   auto store = c10::make_intrusive<c10d::PrefixStore>(collx::str("collx/shrink/", shrinks_++, "/"), store_);
   const std::string mine = listOf(excluded);
   store->set(collx::str("excluded/", rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
@@ -159,6 +168,13 @@ c10::intrusive_ptr<c10d::Backend> CollxBackend::shrink(const std::vector<int64_t
     if (theirs != mine) {
       fails(collx::str("the survivors disagree on the ranks to exclude: this rank excludes ", mine, ", rank ", r,
                        " excludes ", theirs));
+    }
+  }
+  // An excluded rank that is shrinking too is alive: the lists cannot all be
+  // right (it may also come later, which no rank can tell from a death).
+  for (int64_t r : excluded) {
+    if (store->check({collx::str("excluded/", r)})) {
+      fails(collx::str("rank ", r, ", which this rank excludes, takes part in the shrink"));
     }
   }
   return c10::make_intrusive<CollxBackend>(c10::make_intrusive<c10d::PrefixStore>("group/", store),

@@ -1,7 +1,9 @@
 #include "device.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -63,9 +65,14 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   yield_ = unsigned(localRanks) > cores;
   spin_ = yield_ ? kYieldSpin : kSpin;
+  wakeFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  COLLX_CHECK(wakeFd_ >= 0, "collx rank ", rank, ": eventfd failed: ", strerror(errno));
 }
 
-Device::~Device() { close(); }
+Device::~Device() {
+  close();
+  ::close(wakeFd_);
+}
 
 void Device::spinPause(Clock::duration spun) const {
   if (yield_ || spun > kPureSpin) std::this_thread::yield();
@@ -97,6 +104,8 @@ void Device::interrupt(const std::string& why, bool tellPeers) {
   for (auto& p : pairs_) {
     if (p && p->fd() >= 0) ::shutdown(p->fd(), tellPeers ? SHUT_RD : SHUT_RDWR);
   }
+  const uint64_t one = 1;  // a waiter polling only for POLLOUT wakes too
+  (void)!::write(wakeFd_, &one, sizeof(one));
 }
 
 void Device::abort(const std::string& why) {
@@ -149,20 +158,22 @@ void Device::progressOnce(std::vector<uint64_t>& done) {
 }
 
 void Device::breakWith(const std::exception& e, bool isTimeout) {
+  std::string why = e.what();
+  bool aborting;
+  {
+    std::lock_guard<std::mutex> lock(socketsMutex_);
+    aborting = interrupted_;
+    if (aborting) why = interruptReason_;
+  }
   Failure kind = Failure::kLocal;
-  if (interrupted_) {
+  if (aborting) {
     kind = Failure::kAborted;
   } else if (isTimeout) {
     kind = Failure::kTimeout;
   } else if (dynamic_cast<const PeerAbortedError*>(&e) || dynamic_cast<const PeerClosedError*>(&e)) {
     kind = Failure::kRemote;
   }
-  std::string why = e.what();
-  if (interrupted_) {
-    std::lock_guard<std::mutex> lock(socketsMutex_);
-    why = interruptReason_;
-  }
-  breakGroup(why, kind, Clock::now() + (interrupted_ ? kUserAbortGrace : kAbortGrace));
+  breakGroup(why, kind, Clock::now() + (aborting ? kUserAbortGrace : kAbortGrace));
   throwIfBroken();
   throw Error(error_);  // unreachable: error_ is set
 }
@@ -191,6 +202,17 @@ void Device::timeout() {
   breakWith(TimeoutError(str("collx rank ", rank_, ": Timed out waiting for ", what)), true);
 }
 
+void Device::listen(Pair& p) {
+  // A peer this rank sends to may never read (it cancelled this op): its
+  // cancel frame fails the op. From an idle peer only an abort counts: its
+  // cancel of a later op waits for that op, which this rank may reject too.
+  if (p.wantsWrite()) {
+    p.checkControl();
+  } else {
+    p.checkAbort();
+  }
+}
+
 void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   throwIfBroken();
   std::vector<pollfd> fds;
@@ -201,6 +223,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   const Deadline spinUntil = spinStart + spin_;
   try {
     for (;;) {
+      if (interrupted_) throw Error("interrupted");  // breakWith below says why
       progressOnce(done);
       if (done.size() > start || pending_ == 0) break;
       if (const auto now = Clock::now(); now < spinUntil) {
@@ -223,7 +246,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
         if (watch && p->usesShm()) {
           // Bytes in its ring would keep the sleep from starting (prepareSleep):
           // look at them now, as poll() would have made us do.
-          p->checkControl(UINT64_MAX, p->wantsWrite());
+          listen(*p);
           watch = !p->hasBufferedHeader() && !p->ended();
         }
         short ev = short((p->wantsRead() || watch ? POLLIN : 0) | (p->wantsWrite() ? POLLOUT : 0));
@@ -247,13 +270,16 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) timeout();
+      fds.push_back({wakeFd_, POLLIN, 0});
+      watched.push_back(nullptr);
       int rc = ::poll(fds.data(), fds.size(), int(std::min<int64_t>(left.count() + 1, 1 << 30)));
+      if (interrupted_) throw Error("interrupted");  // breakWith below says why
       if (rc < 0 && errno != EINTR) throw Error(str("collx: poll failed: ", strerror(errno)));
       for (auto& [p, i] : sleepers) p->afterSleep(rc > 0 ? fds[i].revents : 0);
       if (rc == 0 && Clock::now() >= deadline) timeout();
       for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
         Pair* w = watched[i];
-        if (w && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) w->checkControl(UINT64_MAX, w->wantsWrite());
+        if (w && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) listen(*w);
       }
     }
   } catch (const TimeoutError&) {

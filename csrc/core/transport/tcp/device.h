@@ -83,6 +83,9 @@ class Device : public Transport {
   void closeSockets();
   Pair& pair(int peer);
   void progressOnce(std::vector<uint64_t>& done);
+  // Reads what a peer this rank does not receive from has sent: its abort
+  // frame or end, or a cancel of this op (waitSome's listening).
+  void listen(Pair& p);
   [[noreturn]] void breakWith(const std::exception& e, bool timeout);
   // Sets the sticky error, sends abort frames (finishing half-sent messages
   // until `grace`), closes the sockets.
@@ -109,6 +112,7 @@ class Device : public Transport {
   // or once the pure spin has passed.
   void spinPause(Clock::duration spun) const;
   std::set<uint64_t> cancelled_;  // collectives cancelled here (see Pair)
+  int wakeFd_ = -1;                // an eventfd in every poll: interrupt() wakes the waiter
   std::string error_;  // sticky once set
   bool errorIsTimeout_ = false;
   std::mutex socketsMutex_;  // close() vs interrupt() from another thread

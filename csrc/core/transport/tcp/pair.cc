@@ -304,6 +304,13 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
   }
 }
 
+void Pair::checkAbort() {
+  if (!fill(sizeof(FrameHeader), false)) return;
+  FrameHeader h;
+  memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+  if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
+}
+
 void Pair::checkControl(uint64_t upTo, bool endIsError) {
   FrameHeader h;
   do {

@@ -54,6 +54,8 @@ class Pair {
   // cancel of an op after `upTo`, which this rank may yet reject too.
   // `endIsError` false: the end of the connection is no error either.
   void checkControl(uint64_t upTo = UINT64_MAX, bool endIsError = true);
+  // Only an abort frame (or note) throws; the end of the connection does not.
+  void checkAbort();
   bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
   // The peer's end of the connection has been read (it may have finished
   // and left).
