@@ -81,6 +81,8 @@ def worker(rank, world, port, mode, victim, ckpt, start_step):
             opt.step()
         except (dist.DistBackendError, RuntimeError):
             store.set(f"failed/{rank}", repr(time.time()))
+            if mode == "restart":
+                time.sleep(3600)  # as under torchrun: the supervisor kills the survivors
             store.wait(["dead"])
             dead = int(store.get("dead"))
             t0 = time.time()

@@ -38,6 +38,8 @@ def _create_backend(dist_options, pg_options):
         opts.socket_ifname,
         opts.socket_family,
         opts.transport,
+        # enable_reconfigure=True: no members until dist.distributed_c10d._reconfigure.
+        not getattr(dist_options, "enable_reconfigure", False),
     )
 
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <random>
 
 #include "core/algorithms/tuning.h"
 #include "op_helpers.h"
@@ -24,6 +25,14 @@ void warnShmOnce(int rank, int size, const std::string& note) {
   if (!warned.exchange(true)) logLine(LogLevel::kWarn, rank, size, note);
 }
 
+// This process, unique among every process that ever joins the group.
+std::string memberId() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::random_device rd;
+  return collx::str(host, "/", ::getpid(), "/", rd());
+}
+
 std::string millis(double ms) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3f", ms);
@@ -32,13 +41,18 @@ std::string millis(double ms) {
 }  // namespace
 
 CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                           std::chrono::milliseconds timeout, Config config)
+                           std::chrono::milliseconds timeout, Config config, bool connected)
     : c10d::Backend(rank, size),
       config_(std::move(config)),
       store_(store),
-      timeout_(timeout) {
+      timeout_(timeout),
+      member_(memberId()) {
+  if (connected) connect(store, rank, size);
+}
+
+void CollxBackend::connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
   StoreAdapter adapter(store);
-  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout, config_.transport, config_.readPeers,
+  tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout(), config_.transport, config_.readPeers,
                            config_.localCongestion};
   const auto start = Clock::now();
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
@@ -59,6 +73,15 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
   }
 }
 
+tcp::Device& CollxBackend::device() const {
+  if (!device_) {
+    C10_THROW_ERROR(DistBackendError,
+                    collx::str("collx on rank ", rank_, ": the group has no members yet (it was created with "
+                               "enable_reconfigure=True): call torch.distributed.distributed_c10d._reconfigure first"));
+  }
+  return *device_;
+}
+
 void CollxBackend::tune() {
   TuningPolicy policy = config_.tuning;
   if (policy.mode == TuningPolicy::Mode::kCalibrate) {
@@ -77,11 +100,11 @@ void CollxBackend::tune() {
                config_.treeArity, workspace_};
   TuningOutcome out = asDistError("init", rank_, [&] { return tuneGroup(c, policy); });
   tuning_ = out.tuning;
-  refiner_.onKept = [this](const std::string& line) {
+  refiner_->onKept = [this](const std::string& line) {
     if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, line);
   };
   // A cached tuning that real ops show fitted under load: later groups calibrate again.
-  refiner_.onStale = [this, cache = out.cachePath](const std::string& why) {
+  refiner_->onStale = [this, cache = out.cachePath](const std::string& why) {
     const bool dropped = !cache.empty() && std::remove(cache.c_str()) == 0;
     if (logs(LogLevel::kWarn)) {
       log(LogLevel::kWarn, why + (dropped ? "; dropped its cache " + cache + ", the next group calibrates again" : ""));
@@ -112,13 +135,18 @@ void CollxBackend::shutdown() {
     log(LogLevel::kInfo, collx::str("shutting down after ", s.ops, " ops (sent ", s.bytesSent, " B, received ",
                                     s.bytesReceived, " B)"));
   }
+  destroyed_ = true;
   // An op still in flight is failed, not waited for: its peers may be gone.
-  device_->interrupt(collx::str("collx rank ", rank_, ": the process group was shut down while this op was in flight"),
-                    false);
+  if (device_) {
+    device_->interrupt(collx::str("collx rank ", rank_, ": the process group was shut down while this op was in flight"),
+                       false);
+  }
   executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
-  // Pending sends and receives fail now; their callbacks may take the GIL too.
-  device_->p2p().close(collx::str("collx rank ", rank_, ": the process group was shut down"));
-  device_->close();
+  if (device_) {
+    // Pending sends and receives fail now; their callbacks may take the GIL too.
+    device_->p2p().close(collx::str("collx rank ", rank_, ": the process group was shut down"));
+    device_->close();
+  }
 }
 
 c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind kind, DataType dtype,
@@ -145,8 +173,8 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging] {
     // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
     const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
-    Collective c{*device_, kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
-                 workspace_, &tuning_, refines ? &refiner_ : nullptr};
+    Collective c{device(), kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
+                 workspace_, &tuning_, refines ? refiner_.get() : nullptr};
     std::exception_ptr error;
     auto start = Clock::now();
     try {
@@ -174,7 +202,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     } catch (const std::exception& e) {
       error = distError(describe() + e.what());
       if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + e.what());
-      const auto failure = device_->failure();
+      const auto failure = device().failure();
       if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) runAbortHooks();
     }
     work->complete(error);
@@ -207,7 +235,7 @@ void CollxBackend::cancelRejected(OpKind kind, const std::exception& e) {
   // A failure here is sticky in the device and reported by the next op.
   task.run = [this, seq, kind, why] {
     try {
-      device_->cancel(seq, kind, why, Clock::now() + timeout());
+      device().cancel(seq, kind, why, Clock::now() + timeout());
     } catch (const std::exception&) {
     }
   };
@@ -244,20 +272,20 @@ c10::intrusive_ptr<c10d::Backend> CollxBackend::split(const c10::intrusive_ptr<c
 
 std::vector<int> CollxBackend::hosts() const {
   std::vector<int> out;
-  for (int r = 0; r < size_; ++r) out.push_back(device_->host(r));
+  for (int r = 0; r < size_; ++r) out.push_back(device().host(r));
   return out;
 }
 
 Algorithm CollxBackend::autoBeforeRefining(size_t bytes) const {
-  return resolveAllreduce(*device_, tuning_, Algorithm::kAuto, config_.treeArity, bytes);
+  return resolveAllreduce(device(), tuning_, Algorithm::kAuto, config_.treeArity, bytes);
 }
 
-Algorithm CollxBackend::autoAllreduce(size_t bytes) const { return refiner_.kept(bytes, autoBeforeRefining(bytes)); }
+Algorithm CollxBackend::autoAllreduce(size_t bytes) const { return refiner_->kept(bytes, autoBeforeRefining(bytes)); }
 
-bool CollxBackend::refining(size_t bytes) const { return refiner_.trying(bytes, autoBeforeRefining(bytes)); }
+bool CollxBackend::refining(size_t bytes) const { return refiner_->trying(bytes, autoBeforeRefining(bytes)); }
 
 std::string CollxBackend::describeTuning() const {
-  const std::string refined = refiner_.describe();
+  const std::string refined = refiner_->describe();
   return tuning_.describe(size_, config_.treeArity) + (refined.empty() ? "" : "; " + refined);
 }
 
@@ -267,7 +295,7 @@ Stats CollxBackend::stats() const {
     std::lock_guard<std::mutex> lock(statsMutex_);
     s = stats_;
   }
-  TransportCounters tc = device_->counters();
+  TransportCounters tc = device_ ? device_->counters() : TransportCounters{};
   s.bytesSent = tc.bytesSent;
   s.bytesReceived = tc.bytesReceived;
   return s;

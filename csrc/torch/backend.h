@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "core/algorithms/algorithms.h"
 #include "core/algorithms/calibrate.h"
@@ -60,8 +61,9 @@ struct Stats {
 
 class CollxBackend : public c10d::Backend {
  public:
+  // `connected` false: no members until reconfigure() (enable_reconfigure).
   CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-               std::chrono::milliseconds timeout, Config config);
+               std::chrono::milliseconds timeout, Config config, bool connected = true);
   ~CollxBackend() override;
 
   const std::string getBackendName() const override { return "collx"; }
@@ -150,13 +152,22 @@ class CollxBackend : public c10d::Backend {
   void unregisterAbortHook(int64_t id) override;
 #endif
   bool supportsShrinking() const { return true; }
+  // Reconfigure (reconfigure.cc), as gloo has it: a handle names this
+  // process in this group; reconfigure(uuid, handles) forms a new mesh of
+  // the handles' processes in the group's store, failing what the old one
+  // had in flight.
+  bool supportsReconfigure() const { return true; }
+  std::string get_reconfigure_handle() const;
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+#endif
   // A new group of the ranks not in `exclude`, renumbered in order; every
   // survivor calls it with the same list, which they check.
   c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& exclude, int flags = 0,
                                            const c10::intrusive_ptr<c10d::Backend::Options>& opts = nullptr);
 
   Stats stats() const;
-  const std::string& transportNote() const { return device_->transportNote(); }
+  const std::string& transportNote() const { return device().transportNote(); }
   const Config& config() const { return config_; }
   // Host index of every rank, from the addresses the ranks published
   // (rendezvous.h), and what "auto" runs for an all-reduce of `bytes` here.
@@ -222,6 +233,11 @@ class CollxBackend : public c10d::Backend {
   // Runs one send or receive, or records it while coalescing.
   c10::intrusive_ptr<c10d::Work> addP2P(P2POp op, c10d::OpType type);
 
+  // Builds the mesh of `size` ranks in `store` (this one is `rank`), then tunes.
+  void connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size);
+  // The transport; a clear error before the first reconfigure().
+  tcp::Device& device() const;
+
   // Fits auto's cost model to this group (or takes the table, a file, the
   // cache): the group's first exchange, before any op.
   void tune();
@@ -241,20 +257,28 @@ class CollxBackend : public c10d::Backend {
   std::atomic<std::chrono::milliseconds> timeout_;
   std::atomic<bool> timeoutSet_{false};  // by dist.set_timeout
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> destroyed_{false};  // by shutdown(): reconfigure() refuses
   std::mutex lifecycleMutex_;  // abort() and shutdown() run one at a time
   std::atomic<tcp::Device::Failure> p2pFailure_{tcp::Device::Failure::kNone};
-  std::mutex hooksMutex_;
+  mutable std::mutex hooksMutex_;  // also guards groupToken_
   std::map<int64_t, std::function<void()>> abortHooks_;
   bool hooksRan_ = false;  // under hooksMutex_
   uint64_t shrinks_ = 0;   // shrinks of this group so far: the same on every survivor
-  std::unique_ptr<tcp::Device> device_;
+  // Reconfigure: this process's id in the group (host, pid, a random
+  // number), the group's token (agreed in the store), the uuids used.
+  const std::string member_;
+  mutable std::string groupToken_;  // under hooksMutex_, made on first use
+  int64_t uuid_ = -1;
+  std::set<int64_t> usedUuids_;
+  std::unique_ptr<tcp::Device> device_;  // null until reconfigure() under enable_reconfigure
   std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> seq_{0};
   Workspace workspace_;  // the algorithms' scratch; one op runs at a time
   Tuning tuning_ = Tuning::table();  // auto's cost model, fitted at creation
-  Refiner refiner_;                  // and its online refinement, under COLLX_TUNING=calibrate
+  std::unique_ptr<Refiner> refiner_ = std::make_unique<Refiner>();  // its online refinement (calibrate)
   Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)
-  PeerAllreduce peers_{config_.peerBufferBytes, config_.logLevel};  // executor thread only
+  std::unique_ptr<PeerAllreduce> peers_ =
+      std::make_unique<PeerAllreduce>(config_.peerBufferBytes, config_.logLevel);  // executor thread only
   std::mutex coalesceMutex_;
   bool coalescing_ = false;
   std::vector<P2POp> coalesced_;

@@ -44,7 +44,7 @@ void CollxBackend::noteFailure(Failure kind) {
 
 c10d::ErrorType CollxBackend::getError() {
   // The collectives' failure breaks the group; a p2p op's is its own.
-  Failure f = device_->failure();
+  Failure f = device_ ? device_->failure() : Failure::kNone;
   if (f == Failure::kNone) f = p2pFailure_.load();
   switch (f) {
     case Failure::kTimeout:
@@ -82,11 +82,13 @@ void CollxBackend::abort() {
   }
   if (shutDown_) return;
   if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, "aborting");
-  device_->interrupt(why, /*tellPeers=*/true);
+  if (device_) device_->interrupt(why, /*tellPeers=*/true);
   executor_->shutdown(why);
-  device_->abort(why);
-  device_->p2p().close(why);
-  device_->close();
+  if (device_) {
+    device_->abort(why);
+    device_->p2p().close(why);
+    device_->close();
+  }
   shutDown_ = true;
 }
 

@@ -77,7 +77,8 @@ bool flag(const char* name, bool unset) {
 c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                 int size, double timeoutSeconds, const std::string& algorithm,
                                                 int treeArity, int64_t segmentBytes, const std::string& ifname,
-                                                const std::string& family, const std::string& transport) {
+                                                const std::string& family, const std::string& transport,
+                                                bool connected) {
   collx::torch_glue::Config config;
   try {
     config.algorithm = collx::parseAlgorithm(algorithm.c_str());
@@ -115,7 +116,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   }
   auto timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
   py::gil_scoped_release release;  // the rendezvous blocks on the Store and the peers
-  return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config));
+  return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config), connected);
 }
 
 py::dict statsOf(const CollxBackend& b) {
@@ -188,7 +189,7 @@ PYBIND11_MODULE(_C, m) {
       });
   m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
-        py::arg("ifname"), py::arg("family") = "", py::arg("transport") = "auto");
+        py::arg("ifname"), py::arg("family") = "", py::arg("transport") = "auto", py::arg("connected") = true);
   m.def(
       "choose_allreduce",
       [](int worldSize, int treeArity, size_t nbytes, int hosts) {

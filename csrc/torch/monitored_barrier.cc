@@ -89,7 +89,7 @@ void CollxBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitA
   const auto limit = byDefault ? timeout() : opts.timeout;
   const Deadline deadline = Clock::now() + limit;
   const uint64_t tag = kMonitoredBarrierTags;
-  PointToPoint& p2p = device_->p2p();
+  PointToPoint& p2p = device().p2p();
   uint8_t arrival = 0;
   if (rank_ != 0) {
     uint8_t verdict = 0xff;

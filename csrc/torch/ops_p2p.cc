@@ -101,7 +101,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
     });
   }
   batch->work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq_.load(), std::move(devices));
-  batch->work->spinOn(device_->sharedP2P());
+  batch->work->spinOn(device().sharedP2P());
   if (ops.size() == 1 && !ops[0].isSend && ops[0].peer == kAnySource) {
     batch->source = std::make_shared<std::atomic<int>>(-1);
     batch->work->setSourceSlot(batch->source);
@@ -142,9 +142,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
     P2PBuffer buffer{b.data_ptr(), size_t(b.nbytes()), coreDtype(b, what, rank_)};
     auto done = [batch](int src, std::exception_ptr e) { batch->onDone(src, e); };
     if (ops[i].isSend) {
-      device_->p2p().postSend(ops[i].peer, uint32_t(ops[i].tag), buffer, deadline, std::move(done));
+      device().p2p().postSend(ops[i].peer, uint32_t(ops[i].tag), buffer, deadline, std::move(done));
     } else {
-      device_->p2p().postRecv(ops[i].peer, uint32_t(ops[i].tag), buffer, deadline, std::move(done));
+      device().p2p().postRecv(ops[i].peer, uint32_t(ops[i].tag), buffer, deadline, std::move(done));
     }
   }
   batch->onDone(-1, nullptr);

@@ -29,8 +29,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   // takes for the whole.
   size_t bytes = 0;
   for (const auto& t : outputs) bytes += t.nbytes();
-  const Algorithm resolved = resolveAllreduce(*device_, tuning_, algo, config_.treeArity, bytes);
-  const bool mayRunShm = resolved == Algorithm::kShm || (algo == Algorithm::kAuto && device_->sharedWindows());
+  const Algorithm resolved = resolveAllreduce(device(), tuning_, algo, config_.treeArity, bytes);
+  const bool mayRunShm = resolved == Algorithm::kShm || (algo == Algorithm::kAuto && device().sharedWindows());
   const bool intoTensor = !Staging::current() || (resolved != Algorithm::kHierarchical && !mayRunShm);
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] {
     return resolveOp(op, dtype, "all_reduce", rank_, intoTensor);
@@ -44,14 +44,14 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   const std::shared_ptr<Staging> staged = Staging::current();
   const bool peers = outputs.size() == 1 && algo == Algorithm::kAuto && !r.premul && !r.average && size_ > 1 &&
                      config_.peerBufferBytes != SIZE_MAX && bytes >= config_.peerMinBytes &&
-                     device_->hostCount() == 1;
+                     device().hostCount() == 1;
   const bool claimed = peers && staged && staged->claim(outputs[0]);
   const bool pipelined = claimed || (staged && outputs.size() == 1 && staged->pipelines(outputs[0]));
   auto body = [this, outputs, r, dtype, algo, size, staged, peers, claimed, pipelined](const Collective& c) {
     bool whole = false;
     if (peers) {
       const at::Tensor tensor = staged ? staged->deviceOf(outputs)[0] : outputs[0];
-      switch (peers_.run(staged.get(), claimed, c, tensor, dtype, r.op)) {
+      switch (peers_->run(staged.get(), claimed, c, tensor, dtype, r.op)) {
         case PeerAllreduce::Outcome::kDone: return std::string("all_reduce/peers");
         case PeerAllreduce::Outcome::kStageWhole: whole = true; break;
         case PeerAllreduce::Outcome::kStage: break;
