@@ -4,6 +4,8 @@
 
 One run measures, on the same machine:
   collx shrink      survivors catch the error, dist.shrink_group([dead]), rebuild DDP, redo the step
+  collx reconfigure collx created with enable_reconfigure; survivors catch the error, exchange fresh
+                    handles in the store, dist._reconfigure, rebuild DDP, redo the step
   gloo reconfigure  gloo created with enable_reconfigure; survivors catch the error, exchange fresh
                     handles in the store, dist._reconfigure, rebuild DDP, redo the step
   restart           what torchrun --max-restarts does: the supervisor kills the survivors, starts
@@ -58,9 +60,10 @@ def exchange_handles(store, gen, rank, members):
 def worker(rank, world, port, mode, victim, ckpt, start_step):
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
     backend = "gloo" if mode == "gloo-reconfigure" else "collx"
+    reconfigures = mode.endswith("reconfigure")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=GROUP_TIMEOUT),
-                            enable_reconfigure=mode == "gloo-reconfigure")
-    if mode == "gloo-reconfigure":
+                            enable_reconfigure=reconfigures)
+    if reconfigures:
         dist.distributed_c10d._reconfigure(1, exchange_handles(store, 1, rank, range(world))).wait()
     model = make_model()
     if start_step > 0:
@@ -146,7 +149,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--modes", default="collx-shrink,gloo-reconfigure,restart")
+    p.add_argument("--modes", default="collx-shrink,collx-reconfigure,gloo-reconfigure,restart")
     args = p.parse_args()
     modes = args.modes.split(",")
     runs = {m: [] for m in modes}
