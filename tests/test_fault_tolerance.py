@@ -424,3 +424,90 @@ def test_reconfigure_grow_shrink_and_reject(transport):
         before, after = r["leaks"]
         assert after == before, f"rank {rank}: (fds, threads, /dev/shm) {before} -> {after} after 100 reconfigures"
     assert set(os.listdir("/dev/shm")) == dev_shm
+
+
+# ------------------------------------------------------------------ SHRINK_ABORT, a hung rank
+
+def _shrink_abort_hung(rank, ws):
+    """The last rank hangs (SIGSTOP) while the others have an all_reduce in
+    flight on it; they shrink with SHRINK_ABORT, which fails that op at once."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"pid/{rank}", str(os.getpid()))
+    dist.all_reduce(torch.ones(4))
+    if rank == ws - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return None
+    work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    time.sleep(0.3)
+    t0 = time.time()
+    group = dist.shrink_group([ws - 1], shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+    took = time.time() - t0
+    inflight = _attempt(work.wait)
+    _check_collectives(group, "shrunk after SHRINK_ABORT")
+    if rank == 0:
+        os.kill(int(store.get(f"pid/{ws - 1}")), signal.SIGKILL)
+    return {"took": took, "inflight": inflight, "size": dist.get_world_size()}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_shrink_abort_with_a_hung_rank(transport):
+    ws = 3
+    res = run_ranks(_shrink_abort_hung, ws, timeout=90, pg_timeout=GROUP_TIMEOUT, may_die=(ws - 1,),
+                    env={"COLLX_TRANSPORT": transport})
+    for rank in range(ws - 1):
+        r = res[rank]
+        kind, msg, _ = r["inflight"]
+        assert kind == "DistBackendError" and "abort" in msg, (kind, msg)
+        assert r["took"] < 5.0 and r["size"] == ws - 1, r
+
+
+# ------------------------------------------------------------------ ranks as threads
+
+def test_ranks_as_threads_abort_shrink_reconfigure():
+    """torchft's tests run ranks as threads of one process: every blocking
+    call must let go of the GIL. Three backends on one store; the last one
+    aborts; the others see it, shrink, and then reconfigure."""
+    ws = 3
+    store = dist.HashStore()
+    results, errors = [None] * ws, []
+
+    def rank_main(rank):
+        try:
+            prefix = dist.PrefixStore("threads/", store)
+            b = torchcollx._C.create_backend(prefix, rank, ws, 30.0, "auto", 2, 1 << 19, "", "", "auto")
+            x = torch.full((8,), float(rank + 1))
+            b.allreduce([x], dist.AllreduceOptions()).wait()
+            assert torch.equal(x, torch.full((8,), 6.0)), x
+            store.set(f"first/{rank}", "done")
+            if rank == ws - 1:
+                store.wait([f"first/{r}" for r in range(ws)])  # else a slow rank's first op fails too
+                b.abort()
+                return
+            failed = _attempt(lambda: b.allreduce([torch.ones(1 << 12)], dist.AllreduceOptions()).wait())
+            shrunk = b.shrink([ws - 1])
+            y = torch.ones(4)
+            shrunk.allreduce([y], dist.AllreduceOptions()).wait()
+            handle = shrunk.get_reconfigure_handle()
+            store.set(f"handle/{rank}", handle)
+            handles = [store.get(f"handle/{r}").decode() for r in range(ws - 1)]
+            opts = dist.distributed_c10d.ReconfigureOptions()
+            opts.uuid = 1
+            opts.handles = handles[::-1]  # the ranks swap
+            shrunk.reconfigure(opts).wait()
+            z = torch.full((4,), float(rank))
+            shrunk.allreduce([z], dist.AllreduceOptions()).wait()
+            results[rank] = (failed[0], "abort" in failed[1], shrunk.size(), y.tolist(), shrunk.rank(), z.tolist())
+            shrunk.shutdown()
+            b.shutdown()
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"rank {rank}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ws)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank thread hung"
+    assert not errors, errors
+    for rank in range(ws - 1):
+        assert results[rank] == ("DistBackendError", True, 2, [2.0] * 4, 1 - rank, [1.0] * 4), results[rank]
