@@ -1,5 +1,5 @@
 // torch 2.14's fault-tolerance API on CollxBackend: set_timeout, abort and
-// its hooks, getError, and shrink.
+// its hooks, getError, and shrink (reconfigure: reconfigure.cc).
 //
 // Abort, from any thread, with ops queued or in flight:
 //
@@ -18,7 +18,6 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
-
 #include <optional>
 
 #include "backend.h"

@@ -203,9 +203,10 @@ void Device::timeout() {
 }
 
 void Device::listen(Pair& p) {
-  // A peer this rank sends to may never read (it cancelled this op): its
-  // cancel frame fails the op. From an idle peer only an abort counts: its
-  // cancel of a later op waits for that op, which this rank may reject too.
+  // A peer this rank sends to may never read (it cancelled this op or left):
+  // its cancel frame or its end fails the op. From an idle peer only an abort
+  // counts: it may have finished the op and left, and its cancel of a later
+  // op waits for that op, which this rank may reject too.
   if (p.wantsWrite()) {
     p.checkControl();
   } else {
@@ -237,11 +238,9 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
       for (auto& p : pairs_) {
         if (!p) continue;
         // A peer this rank does not receive from may have failed or aborted:
-        // listen for its abort or cancel frame, so that a failure anywhere
-        // in the group reaches every rank now. One we only send to may never
-        // read, so its end is an error; an idle one may have finished the
-        // op and left. A peer whose next message is here, or whose end was
-        // read, needs no listening.
+        // listen to it (listen()), so that a failure anywhere in the group
+        // reaches every rank now. A peer whose next message is here, or
+        // whose end was read, needs no listening.
         bool watch = !p->wantsRead() && !p->hasBufferedHeader() && !p->ended();
         if (watch && p->usesShm()) {
           // Bytes in its ring would keep the sleep from starting (prepareSleep):
