@@ -45,9 +45,11 @@ run() {  # name, timeout, command...: a failure's last lines go into the summary
 }
 # Every CUDA test, one pytest worker per file (a file's cases share their rank
 # launches): the kernels, the collectives at 2 and 4 ranks on cuda:0, the DDP
-# hook's CUDA buckets at 2 and 4 ranks. -rs lists skips: here a skip is a failure.
+# hook's CUDA buckets at 2 and 4 ranks, abort and shrink with CUDA ops in
+# flight. -rs lists skips: here a skip is a failure.
 want tests && run tests 240 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
-  tests/test_cuda.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda tests/test_groups.py::test_split_group
+  tests/test_cuda.py tests/test_cuda_faults.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda \
+  tests/test_groups.py::test_split_group
 want kernels && run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
 # The floor of a staged op: each CUDA call it makes, and a one-rank group.
 want costs && run bench_cuda_costs 60 $PY benchmarks/cuda_costs.py

@@ -98,15 +98,15 @@ def test_per_op_timeout_wins_over_set_timeout():
 
 # ------------------------------------------------------------------ abort
 
-def _abort_in_flight(rank, ws):
+def _abort_in_flight(rank, ws, numel=1 << 18, device="cpu"):
     """Ranks 0..ws-2 have an all_reduce in flight that the last rank never
     joins, more ops queued behind it, and a pending irecv; rank 0 aborts."""
-    x = torch.ones(1 << 16)
+    x = torch.ones(1 << 16, device=device)
     dist.all_reduce(x)
     if rank == ws - 1:
         time.sleep(4)
         return None
-    works = [dist.all_reduce(torch.ones(1 << 18), async_op=True) for _ in range(3)]
+    works = [dist.all_reduce(torch.ones(numel, device=device), async_op=True) for _ in range(3)]
     recv = dist.irecv(torch.ones(8), src=ws - 1) if rank == 0 else None
     time.sleep(0.3)
     out = {}
@@ -121,15 +121,24 @@ def _abort_in_flight(rank, ws):
         out["error"] = str(_backend().get_error())
         out["error_is_remote"] = _backend().get_error() == ErrorType.REMOTE_ERROR
         out["later"] = _attempt(lambda: dist.all_reduce(torch.ones(4)))
+    if device != "cpu":
+        torch.cuda.synchronize()  # no CUDA error is left behind
     return out
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS + ["staged"])
+@pytest.mark.parametrize("transport", TRANSPORTS + ["staged", "staged-peers"])
 @pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
 def test_abort_fails_everything_in_flight_at_once(ws, transport):
-    # "staged": the CUDA tensors' path, emulated on CPU tensors (staging.h).
-    env = {"COLLX_STAGE_CPU_TENSORS": "1"} if transport == "staged" else {"COLLX_TRANSPORT": transport}
-    res = run_ranks(_abort_in_flight, ws, timeout=90, pg_timeout=GROUP_TIMEOUT, env=env)
+    # "staged": the CUDA tensors' path, emulated on CPU tensors (staging.h);
+    # "staged-peers": 4 MiB ops, which take the peers' buffers (memfd there).
+    env = {"COLLX_STAGE_CPU_TENSORS": "1"} if transport.startswith("staged") else {"COLLX_TRANSPORT": transport}
+    numel = 1 << 20 if transport == "staged-peers" else 1 << 18
+    assert_abort_outcome(run_ranks(_abort_in_flight, ws, timeout=90, pg_timeout=GROUP_TIMEOUT, env=env, args=(numel,)),
+                         ws)
+
+
+def assert_abort_outcome(res, ws):
+    """What every rank of _abort_in_flight must see (also for CUDA tensors)."""
     r0 = res[0]
     assert r0["abort_took"] < 1.0, f"abort took {r0['abort_took']:.2f} s"
     for rank in range(ws - 1):
