@@ -9,15 +9,12 @@ namespace {
 thread_local const Executor* tRunning = nullptr;
 
 void runTask(const Executor* owner, std::function<void()>& run) {
-  const Executor* outer = tRunning;
+  struct Mark {  // restored however run() ends
+    const Executor* outer = tRunning;
+    ~Mark() { tRunning = outer; }
+  } mark;
   tRunning = owner;
-  try {
-    run();
-  } catch (...) {
-    tRunning = outer;
-    throw;
-  }
-  tRunning = outer;
+  run();
 }
 }  // namespace
 

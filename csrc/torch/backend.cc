@@ -124,12 +124,8 @@ void CollxBackend::shutdown() {
   // runs from Python's GC) would deadlock, so let go of the GIL first.
   std::optional<pybind11::gil_scoped_release> noGil;
   if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
-  std::unique_lock<std::mutex> lock(lifecycleMutex_, std::defer_lock);
-  if (executor_->inTask()) {
-    if (!lock.try_lock()) return;  // abort() is tearing the group down already
-  } else {
-    lock.lock();
-  }
+  std::unique_lock<std::mutex> lock;
+  if (!lockLifecycle(lock)) return;
   if (!shutDown_.exchange(true) && logs(LogLevel::kInfo)) {
     const Stats s = stats();
     log(LogLevel::kInfo, collx::str("shutting down after ", s.ops, " ops (sent ", s.bytesSent, " B, received ",
@@ -137,16 +133,29 @@ void CollxBackend::shutdown() {
   }
   destroyed_ = true;
   // An op still in flight is failed, not waited for: its peers may be gone.
-  if (device_) {
-    device_->interrupt(collx::str("collx rank ", rank_, ": the process group was shut down while this op was in flight"),
-                       false);
-  }
-  executor_->shutdown(collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"));
-  if (device_) {
-    // Pending sends and receives fail now; their callbacks may take the GIL too.
-    device_->p2p().close(collx::str("collx rank ", rank_, ": the process group was shut down"));
-    device_->close();
-  }
+  closeMesh(collx::str("collx rank ", rank_, ": the process group was shut down while this op was in flight"),
+            collx::str("collx on rank ", rank_, ": the process group was destroyed before this op ran"),
+            collx::str("collx rank ", rank_, ": the process group was shut down"), /*tellPeers=*/false);
+}
+
+bool CollxBackend::lockLifecycle(std::unique_lock<std::mutex>& lock) {
+  lock = std::unique_lock<std::mutex>(lifecycleMutex_, std::defer_lock);
+  // From inside an op's task (an abort hook, a Future callback), waiting for
+  // a teardown that waits for this task would deadlock.
+  if (executor_->inTask()) return lock.try_lock();
+  lock.lock();
+  return true;
+}
+
+void CollxBackend::closeMesh(const std::string& inFlight, const std::string& queued, const std::string& pending,
+                             bool tellPeers) {
+  if (device_) device_->interrupt(inFlight, tellPeers);
+  executor_->shutdown(queued);  // waits for the op in flight, unless called from it
+  if (!device_) return;
+  if (tellPeers) device_->abort(inFlight);  // no op was in flight: the abort frames now
+  // Pending sends and receives fail now; their callbacks may take the GIL too.
+  device_->p2p().close(pending);
+  device_->close();
 }
 
 c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind kind, DataType dtype,

@@ -233,6 +233,13 @@ class CollxBackend : public c10d::Backend {
   // Runs one send or receive, or records it while coalescing.
   c10::intrusive_ptr<c10d::Work> addP2P(P2POp op, c10d::OpType type);
 
+  // Takes lifecycleMutex_ (abort, shutdown); false, not taken, when called
+  // from inside an op's task while a teardown holds it.
+  bool lockLifecycle(std::unique_lock<std::mutex>& lock);
+  // Fails the ops in flight (`inFlight`), queued (`queued`) and pending on
+  // p2p (`pending`), waits for the one in flight, closes the connections.
+  // `tellPeers`: the peers hear it as this rank's abort.
+  void closeMesh(const std::string& inFlight, const std::string& queued, const std::string& pending, bool tellPeers);
   // Builds the mesh of `size` ranks in `store` (this one is `rank`), then tunes.
   void connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size);
   // The transport; a clear error before the first reconfigure().

@@ -66,28 +66,14 @@ std::string CollxBackend::abortedMessage() const {
 void CollxBackend::abort() {
   const std::string why = abortedMessage();
   aborted_ = true;  // later ops fail at once, from here on
-  // Called from inside an op's task (an abort hook, a Future callback), the
-  // op in flight is this one: nothing to wait for, and waiting would deadlock.
-  const bool inTask = executor_->inTask();
   // As in shutdown(): the op in flight may need the GIL to finish, so it is
   // let go before anything here waits.
   std::optional<pybind11::gil_scoped_release> noGil;
   if (Py_IsInitialized() && PyGILState_Check()) noGil.emplace();
-  std::unique_lock<std::mutex> lock(lifecycleMutex_, std::defer_lock);
-  if (inTask) {
-    if (!lock.try_lock()) return;  // shutdown() or abort() is tearing the group down already
-  } else {
-    lock.lock();
-  }
-  if (shutDown_) return;
+  std::unique_lock<std::mutex> lock;
+  if (!lockLifecycle(lock) || shutDown_) return;  // torn down, or being torn down by this task's caller
   if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, "aborting");
-  if (device_) device_->interrupt(why, /*tellPeers=*/true);
-  executor_->shutdown(why);
-  if (device_) {
-    device_->abort(why);
-    device_->p2p().close(why);
-    device_->close();
-  }
+  closeMesh(why, why, why, /*tellPeers=*/true);
   shutDown_ = true;
 }
 

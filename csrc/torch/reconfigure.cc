@@ -102,12 +102,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reconfigure(const c10d::Reconfigure
     std::lock_guard<std::mutex> lock(lifecycleMutex_);
     const std::string why = collx::str("collx rank ", rank_, ": the process group was reconfigured (uuid ", opts.uuid,
                                        ") before this op finished");
-    if (device_) device_->interrupt(why, /*tellPeers=*/false);
-    executor_->shutdown(why);
-    if (device_) {
-      device_->p2p().close(why);
-      device_->close();
-    }
+    closeMesh(why, why, why, /*tellPeers=*/false);
     executor_ = std::make_shared<Executor>();
     device_.reset();
     refiner_ = std::make_unique<Refiner>();

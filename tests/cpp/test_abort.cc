@@ -33,11 +33,22 @@ std::string allreduceError(tcp::Device& d, uint64_t seq, Algorithm algo) {
   return "";
 }
 
+// Rank r's all-reduce #seq: its error ("" if none) and how long it took.
+struct Outcome {
+  std::string error;
+  Clock::duration took{};
+};
+Outcome timedAllreduce(tcp::Device& d, uint64_t seq, Algorithm algo) {
+  const auto t0 = Clock::now();
+  std::string error = allreduceError(d, seq, algo);
+  return {std::move(error), Clock::now() - t0};
+}
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
 // An idle rank aborts while the others wait for it in an all-reduce.
 void testIdleAbort(int n, shm::Mode mode, Algorithm algo) {
   Group g(n, test::over(mode));
-  std::vector<std::string> errors(n);
-  std::vector<Clock::duration> took(n);
+  std::vector<Outcome> out(n);
   test::runRanks(n, [&](int r) {
     tcp::Device& d = *g.devices[r];
     CHECK(allreduceError(d, 1, algo).empty(), "a first all-reduce on rank ", r);
@@ -45,23 +56,21 @@ void testIdleAbort(int n, shm::Mode mode, Algorithm algo) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       d.abort("collx rank 0: the process group was aborted");
       CHECK(d.failure() == Failure::kAborted, "rank 0's failure kind");
-      errors[0] = allreduceError(d, 2, algo);  // later ops fail at once
+      out[0] = timedAllreduce(d, 2, algo);  // later ops fail at once
       return;
     }
-    const auto t0 = Clock::now();
-    errors[r] = allreduceError(d, 2, algo);
-    took[r] = Clock::now() - t0;
+    out[r] = timedAllreduce(d, 2, algo);
     CHECK(d.failure() == Failure::kRemote, "rank ", r, " sees a remote failure");
   });
-  CHECK(errors[0].find("aborted") != std::string::npos, "rank 0 got: ", errors[0]);
+  CHECK(out[0].error.find("aborted") != std::string::npos, "rank 0 got: ", out[0].error);
   for (int r = 1; r < n; ++r) {
-    CHECK(errors[r].find("rank 0 failed and aborted the group") != std::string::npos ||
-              errors[r].find("peer 0 failed and aborted the group") != std::string::npos ||
-              errors[r].find("failed and aborted the group: collx rank 0: the process group was aborted") !=
+    const std::string& e = out[r].error;
+    CHECK(e.find("rank 0 failed and aborted the group") != std::string::npos ||
+              e.find("peer 0 failed and aborted the group") != std::string::npos ||
+              e.find("failed and aborted the group: collx rank 0: the process group was aborted") !=
                   std::string::npos,
-          "rank ", r, " got: ", errors[r]);
-    CHECK(took[r] < kFast, "rank ", r, " learnt of the abort only after ",
-          std::chrono::duration<double>(took[r]).count(), " s");
+          "rank ", r, " got: ", e);
+    CHECK(out[r].took < kFast, "rank ", r, " learnt of the abort only after ", seconds(out[r].took), " s");
   }
 }
 
@@ -70,8 +79,7 @@ void testIdleAbort(int n, shm::Mode mode, Algorithm algo) {
 // flight): it fails at once and its peers hear why.
 void testInFlightAbort(int n, shm::Mode mode, Algorithm algo) {
   Group g(n, test::over(mode));
-  std::vector<std::string> errors(n);
-  std::vector<Clock::duration> took(n);
+  std::vector<Outcome> out(n);
   test::runRanks(n, [&](int r) {
     tcp::Device& d = *g.devices[r];
     if (r == n - 1) {
@@ -85,19 +93,17 @@ void testInFlightAbort(int n, shm::Mode mode, Algorithm algo) {
         d.interrupt("collx rank 0: the process group was aborted", true);
       });
     }
-    const auto t0 = Clock::now();
-    errors[r] = allreduceError(d, 1, algo);
-    took[r] = Clock::now() - t0;
+    out[r] = timedAllreduce(d, 1, algo);
     if (aborter.joinable()) aborter.join();
   });
   CHECK(g.devices[0]->failure() == Failure::kAborted, "rank 0's failure kind");
-  CHECK(errors[0].find("the process group was aborted") != std::string::npos, "rank 0 got: ", errors[0]);
+  CHECK(out[0].error.find("the process group was aborted") != std::string::npos, "rank 0 got: ", out[0].error);
   for (int r = 0; r < n - 1; ++r) {
-    CHECK(!errors[r].empty(), "rank ", r, " did not fail");
-    CHECK(took[r] < kFast, "rank ", r, " failed only after ", std::chrono::duration<double>(took[r]).count(), " s");
+    CHECK(!out[r].error.empty(), "rank ", r, " did not fail");
+    CHECK(out[r].took < kFast, "rank ", r, " failed only after ", seconds(out[r].took), " s");
   }
   for (int r = 1; r < n - 1; ++r) {
-    CHECK(errors[r].find("aborted") != std::string::npos, "rank ", r, " got: ", errors[r]);
+    CHECK(out[r].error.find("aborted") != std::string::npos, "rank ", r, " got: ", out[r].error);
     CHECK(g.devices[r]->failure() == Failure::kRemote, "rank ", r, "'s failure kind");
   }
 }
