@@ -148,7 +148,8 @@ def test_ranks_as_threads_abort_shrink_reconfigure():
         except Exception as e:  # noqa: BLE001
             errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ws)]
+    # Daemons: a hung rank fails the test below instead of keeping pytest alive.
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(ws)]
     for t in threads:
         t.start()
     for t in threads:
