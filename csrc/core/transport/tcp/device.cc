@@ -128,11 +128,13 @@ Pair& Device::pair(int peer) {
 void Device::postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                       uint64_t cookie) {
   pair(peer).postSend(frame, data, bytes, cookie);
+  seqPosted_ = std::max(seqPosted_, frame.seq);
   ++pending_;
 }
 
 void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) {
   pair(peer).postRecv(frame, data, bytes, cookie);
+  seqPosted_ = std::max(seqPosted_, frame.seq);
   ++pending_;
 }
 
@@ -187,7 +189,7 @@ void Device::breakGroup(const std::string& why, Failure kind, Deadline grace) {
   // are at unknown positions and nothing more can be matched. Finishing a
   // half-sent message for that may take a peer that reads until `grace`.
   for (auto& p : pairs_) {
-    if (p) p->sendAbort(error_, grace);
+    if (p) p->sendAbort(error_, grace, seqPosted_);
   }
   closeSockets();
   pending_ = 0;
@@ -205,12 +207,13 @@ void Device::timeout() {
 void Device::listen(Pair& p) {
   // A peer this rank sends to may never read (it cancelled this op or left):
   // its cancel frame or its end fails the op. From an idle peer only an abort
-  // counts: it may have finished the op and left, and its cancel of a later
-  // op waits for that op, which this rank may reject too.
+  // counts, and only one of this op or an earlier one: it may have finished
+  // this op and left, or failed in a later op, which this rank then meets;
+  // its cancel of a later op waits for that op, which this rank may reject too.
   if (p.wantsWrite()) {
     p.checkControl();
   } else {
-    p.checkAbort();
+    p.checkAbort(seqPosted_);
   }
 }
 

@@ -158,7 +158,7 @@ bool Pair::finishPartialSend(Deadline deadline) {
   return true;
 }
 
-void Pair::sendAbort(const std::string& reason, Deadline deadline) {
+void Pair::sendAbort(const std::string& reason, Deadline deadline, uint64_t seq) {
   if (!stream_.valid()) return;
   const std::string why = reason.substr(0, kMaxReasonBytes);
   // Rings: the note is read even if the frame below cannot be sent.
@@ -167,6 +167,7 @@ void Pair::sendAbort(const std::string& reason, Deadline deadline) {
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.kind = uint8_t(OpKind::kAbort);
+  h.seq = seq;
   h.bytes = why.size();
   std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
   frame += why;
@@ -304,11 +305,11 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
   }
 }
 
-void Pair::checkAbort() {
+void Pair::checkAbort(uint64_t upTo) {
   if (!fill(sizeof(FrameHeader), false)) return;
   FrameHeader h;
   memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
-  if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
+  if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && h.seq <= upTo) throwAbort(h);
 }
 
 void Pair::checkControl(uint64_t upTo, bool endIsError) {

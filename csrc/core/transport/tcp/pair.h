@@ -54,8 +54,10 @@ class Pair {
   // cancel of an op after `upTo`, which this rank may yet reject too.
   // `endIsError` false: the end of the connection is no error either.
   void checkControl(uint64_t upTo = UINT64_MAX, bool endIsError = true);
-  // Only an abort frame (or note) throws; the end of the connection does not.
-  void checkAbort();
+  // Only an abort frame of a collective up to `upTo` (or a ring's note)
+  // throws: a peer that failed in a later op leaves this one to finish. The
+  // end of the connection does not throw.
+  void checkAbort(uint64_t upTo);
   bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
   // The peer's end of the connection has been read (it may have finished
   // and left).
@@ -72,7 +74,8 @@ class Pair {
   // Best effort: tells the peer why this rank gives up. A message half sent
   // is finished first if the peer takes it by `deadline`, so the abort frame
   // starts at a frame boundary; else the peer just sees the connection close.
-  void sendAbort(const std::string& reason, Deadline deadline);
+  // `seq`: the collective this rank was in when it failed.
+  void sendAbort(const std::string& reason, Deadline deadline, uint64_t seq);
 
  private:
   struct SendOp {
