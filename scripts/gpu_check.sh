@@ -7,6 +7,7 @@
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
 # gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
 # tests, kernels, costs, allreduce, peers, variants, staging, mps (default: all), runs a part.
+# scripts/cuda_table.py turns the peers step's JSON into docs/cuda.md's table.
 # On an H200 (2026-11-27/28): build 35-48 s, tests ~75 s, allreduce ~100 s, peers
 # ~130 s, staging ~110 s, mps ~50 s; all of them outrun one device call (600 s),
 # so pick steps.
@@ -46,8 +47,9 @@ run() {  # name, timeout, command...: a failure's last lines go into the summary
 # Every CUDA test, one pytest worker per file (a file's cases share their rank
 # launches): the kernels, the collectives at 2 and 4 ranks on cuda:0, the DDP
 # hook's CUDA buckets at 2 and 4 ranks, abort and shrink with CUDA ops in
-# flight. -rs lists skips: here a skip is a failure.
-want tests && run tests 240 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
+# flight, a profiler trace of a staged op, a rank with no memory for its peer
+# buffer. -rs lists skips: here a skip is a failure.
+want tests && run tests 300 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
   tests/test_cuda.py tests/test_cuda_faults.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda \
   tests/test_groups.py::test_split_group
 want kernels && run bench_kernels 120 $PY benchmarks/kernels.py --mb 256

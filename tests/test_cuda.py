@@ -239,6 +239,25 @@ def check_ddp(rank, ws, fail):
             fail(f"DDP parameter {name} after 5 steps: {m}")
 
 
+
+def check_profiler_shows_staging_copies(rank, ws, fail):
+    """torch.profiler with CUDA activities sees a staged all-reduce whole: the
+    c10d op on the host, and its copies to the pinned mirror and back, which
+    collx makes on its own stream."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t = torch.ones(1 << 18, device=DEV)  # 1 MiB: staged on the host, one piece
+    dist.all_reduce(t)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    for want in ("c10d::allreduce_", "Memcpy DtoH", "Memcpy HtoD"):
+        if not any(want in n for n in names):
+            fail(f"no {want!r} event in the trace of a staged all_reduce: {sorted(names)[:40]}")
+    if m := mismatch(t.cpu(), torch.full((1 << 18,), float(ws) ** 2)):
+        fail(f"all_reduce under the profiler: {m}")
+
 CHECKS = [
     check_all_reduce_matrix,
     check_noncontiguous_and_coalesced,
@@ -248,6 +267,7 @@ CHECKS = [
     check_mixed_devices_error,
     check_cpu_rank_beside_cuda_ranks,
     check_ddp,
+    check_profiler_shows_staging_copies,
 ]
 
 

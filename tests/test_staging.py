@@ -331,6 +331,57 @@ def test_mixed_ranks_through_peers_path(transport):
     assert run_ranks(_mixed, 2, timeout=120, env=transport) == [[], []]
 
 
+
+def _no_buffer(rank, ws, plain_rank):
+    """Rank 0 stages its tensors but cannot make its peer buffer: its file size
+    limit refuses the memfd segment, as a full GPU refuses cudaMalloc. Rank
+    `plain_rank` (if any) passes plain CPU tensors. Sizes where auto's device
+    path takes part (4 MiB) and where a staged tensor is pipelined (32 MiB).
+    Returns (mismatches, algorithm labels, rank's collx lines about staging)."""
+    import resource
+    import signal
+    import tempfile
+
+    log = tempfile.TemporaryFile(mode="w+")
+    os.dup2(log.fileno(), 2)
+    if rank != plain_rank:
+        os.environ["COLLX_STAGE_CPU_TENSORS"] = "1"
+    dist.init_process_group("collx", init_method=os.environ["COLLX_TEST_INIT_METHOD"], rank=rank, world_size=ws,
+                            timeout=datetime.timedelta(seconds=60))
+    if rank == 0:  # below the smallest buffer (1 MiB): ftruncate fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 19, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    out = []
+    for i, count in enumerate((1 << 20, 1 << 20, 8 << 20, 1 << 20, 8 << 20)):
+        t = gen(rank, torch.float32, "SUM", count, salt=i)
+        dist.all_reduce(t)
+        if m := mismatch(t, expected(ws, torch.float32, "SUM", count, salt=i)):
+            out.append(f"op {i} count={count}: {m}")
+    labels = {k: v["calls"] for k, v in torchcollx.get_stats()["algorithms"].items()}
+    dist.destroy_process_group()
+    log.seek(0)
+    return out, labels, [line.strip() for line in log if "through host memory" in line]
+
+
+@pytest.mark.parametrize("plain_rank", [1, None], ids=["beside-cpu-tensors", "all-staged"])
+def test_rank_without_peer_buffer_gives_up_once(plain_rank):
+    """A device rank that cannot make its buffer makes the group stage every
+    later op without trying again, also when the other ranks pass CPU tensors
+    (which alone would only stage the op at hand); it says why once. Every op
+    is right, and the ranks stage in the same pieces."""
+    env = {"COLLX_DEBUG": "info", "COLLX_STAGE_CPU_TENSORS": None}
+    results = run_ranks(_no_buffer, 3, timeout=120, init=False, env=env, args=(plain_rank,))
+    for rank, (out, labels, lines) in enumerate(results):
+        assert out == [], (rank, out)
+        assert "all_reduce/peers" not in labels and sum(labels.values()) >= 5, (rank, labels)
+        if rank == plain_rank:
+            assert lines == [], lines
+        else:
+            assert len(lines) == 1, (rank, lines)
+            why = "File too large" if rank == 0 else "another rank cannot make or map its device buffer"
+            assert why in lines[0], (rank, lines)
+
+
 def _uneven(rank, ws):
     """Sizes that differ across ranks where auto's device path takes part: one
     rank under its threshold (a plain all-reduce beside the other's vote), and

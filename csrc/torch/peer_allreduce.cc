@@ -25,14 +25,16 @@ enum Vote : int32_t {
 // never map buffers of different sizes.
 struct Votes {
   Vote least, most;
+  bool cannot;  // a device rank cannot make or map its buffer
 };
-Votes agree(const Collective& c, Vote mine, size_t count) {
+Votes agree(const Collective& c, Vote mine, size_t count, bool cannot = false) {
   const int64_t key = int64_t(count) * 32 + int64_t(c.dtype);
-  int64_t x[4] = {mine, -int64_t(mine), key, -key};  // MIN of each: the least and the largest vote and key
+  // MIN of each: the least and the largest vote and key, and whether any rank cannot.
+  int64_t x[5] = {mine, -int64_t(mine), key, -key, -int64_t(cannot)};
   Collective v = c;
   v.dtype = DataType::kInt64;
   v.refiner = nullptr;
-  collx::allreduce(v, Algorithm::kAuto, x, 4, cpuReduceFn(DataType::kInt64, ReduceOp::kMin));
+  collx::allreduce(v, Algorithm::kAuto, x, 5, cpuReduceFn(DataType::kInt64, ReduceOp::kMin));
   if (x[2] != key || -x[3] != key) {
     auto op = [](int64_t k) { return collx::str(k / 32, " x ", name(DataType(k % 32))); };
     throw Error(collx::str("collx rank ", c.rank(), ": mismatched collective: the ranks run all_reduce #", c.seq,
@@ -40,7 +42,7 @@ Votes agree(const Collective& c, Vote mine, size_t count) {
                            ". Every rank must call the same collectives in the same order with the same sizes "
                            "and dtypes."));
   }
-  return {Vote(x[0]), Vote(-x[1])};
+  return {Vote(x[0]), Vote(-x[1]), x[4] < 0};
 }
 
 // Runs fn; a failure turns the vote to kFailed and keeps the reason.
@@ -66,7 +68,13 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
   const size_t bytes = size_t(tensor.nbytes());
   if (bytes == 0) return Outcome::kDone;
   const size_t esize = elementSize(dtype), count = bytes / esize;
-  if (unavailable_ || !ready(st, c, count, std::min(bytes, maxBytes_))) return staged();
+  if (hostGroup_) return Outcome::kStageWhole;
+  // Without buffers, a rank whose tensor cannot be pipelined still makes
+  // every rank stage in one piece.
+  const Vote v = noBuffers_ ? agree(c, st && claimed ? kStage : kWhole, count).least
+                            : Vote(ready(st, c, count, std::min(bytes, maxBytes_)));
+  if (v == kWhole) return Outcome::kStageWhole;
+  if (v == kStage) return Outcome::kStage;
   const size_t step = buffers_->bytes() / esize * esize;
   char* data = static_cast<char*>(tensor.data_ptr());
   // The buffers are mapped for one device; a tensor elsewhere is staged.
@@ -95,8 +103,8 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
   return Outcome::kDone;
 }
 
-bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t bytes) {
-  if (buffers_ && buffers_->bytes() >= bytes) return true;
+int PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t bytes) {
+  if (buffers_ && buffers_->bytes() >= bytes) return kGo;
   // Every rank gets here at the same op, for the same size. No rank reads
   // the old buffers any more: the last op ended with barrier 2.
   buffers_.reset();
@@ -118,7 +126,7 @@ bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t
     } catch (const std::exception& e) {
       why = e.what();
     }
-    all = agree(c, why.empty() ? kGo : kStage, count);
+    all = agree(c, why.empty() ? kGo : kStage, count, !why.empty());
     if (all.least == kGo) {
       std::vector<PeerBuffers::Blob> blobs(size_t(c.size()));
       blobs[size_t(c.rank())] = mine;
@@ -128,7 +136,7 @@ bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t
       } catch (const std::exception& e) {
         why = e.what();
       }
-      all = agree(c, why.empty() ? kGo : kStage, count);
+      all = agree(c, why.empty() ? kGo : kStage, count, !why.empty());
       made->attached();
     }
   }
@@ -139,19 +147,22 @@ bool PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t
       logLine(LogLevel::kInfo, c.rank(), c.size(),
               collx::str("all_reduce of device tensors through the ranks' mapped device buffers (", want, " B each)"));
     }
-    return true;
+    return kGo;
   }
   // A CPU tensor beside device ones: this op only. Every rank's a CPU
-  // tensor, or a device rank that cannot map the buffers: from now on.
-  hostRank_ = all.least == kWhole;
-  if (all.least == kWhole && all.most != kWhole) return false;
-  unavailable_ = true;
-  if (st && logLevel_ >= LogLevel::kInfo) {
-    logLine(LogLevel::kInfo, c.rank(), c.size(),
-            collx::str("all_reduce of device tensors is staged through host memory: ",
-                       why.empty() ? std::string("another rank cannot map the group's device buffers") : why));
+  // tensor: from now on. A device rank that cannot make or map its buffer
+  // (also beside CPU tensors): from now on, and it says why once.
+  if (all.cannot) {
+    noBuffers_ = true;
+    if (st && logLevel_ >= LogLevel::kInfo) {
+      logLine(LogLevel::kInfo, c.rank(), c.size(),
+              collx::str("all_reduce of device tensors is staged through host memory: ",
+                         why.empty() ? std::string("another rank cannot make or map its device buffer") : why));
+    }
+  } else if (all.most == kWhole) {
+    hostGroup_ = true;
   }
-  return false;
+  return all.least;
 }
 
 }  // namespace collx::torch_glue

@@ -19,11 +19,12 @@
 // blobs of peer_buffers.h), grown as tensors grow, up to maxBytes. Every rank
 // of an op that may go this way takes part, also one whose tensor is a CPU
 // tensor (gloo reduces such mixed groups, so collx must too): it votes no,
-// and every rank stages that op. A group where a device rank cannot map the
-// buffers (another GPU, no IPC), or where every rank's tensor is a CPU tensor,
-// stages every later one too, with no vote. An op where a rank's tensor
-// cannot go this way (on another device, not contiguous) is staged by the
-// same vote.
+// and every rank stages that op. A group where every rank's tensor is a CPU
+// tensor stages every later op in one piece, with no vote. A group where a
+// device rank cannot make or map its buffer (no memory, another GPU, no
+// IPC), also beside CPU tensors, stages every later op too, without trying
+// the buffers again. An op where a rank's tensor cannot go this way (on
+// another device, not contiguous) is staged by the same vote.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -59,16 +60,16 @@ class PeerAllreduce {
 
  private:
   // Maps buffers of >= `bytes` (grown to a power of two) for an op on
-  // `count` elements; false on every rank alike when a rank cannot.
-  bool ready(Staging* st, const Collective& c, size_t count, size_t bytes);
-  Outcome staged() const { return hostRank_ ? Outcome::kStageWhole : Outcome::kStage; }
+  // `count` elements. Returns the group's vote, alike on every rank: go, or
+  // how to stage this op (peer_allreduce.cc's Vote).
+  int ready(Staging* st, const Collective& c, size_t count, size_t bytes);
 
   const size_t maxBytes_;
   const LogLevel logLevel_;
   std::unique_ptr<PeerBuffers> buffers_;
   c10::Device device_{at::kCPU};  // of buffers_
-  bool unavailable_ = false;      // stage from now on, with no vote
-  bool hostRank_ = false;         // a rank had a host tensor at the last setup
+  bool hostGroup_ = false;        // every rank had a host tensor: stage whole from now on
+  bool noBuffers_ = false;        // a rank cannot make or map a buffer: stage from now on
 };
 
 }  // namespace collx::torch_glue
