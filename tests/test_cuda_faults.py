@@ -145,10 +145,11 @@ def _no_buffer_cuda(rank, ws):
     counts = (16 << 20, 1 << 20, 8 << 20, 1 << 20)  # 64, 4, 32 and 4 MiB: the first buffer is 64 MiB
     dev = torch.device("cuda", 0) if rank == 0 else torch.device("cpu")
     tensors = [gen(rank, torch.float32, "SUM", n, salt=i).to(dev) for i, n in enumerate(counts)]
+    dist.all_reduce(torch.ones(1000, device=dev))  # staged: the staging's streams and mirrors exist
     hog = None
-    if rank == 0:
+    if rank == 0:  # room for small allocations, none for a 64 MiB buffer
         _settle()
-        hog = torch.empty(torch.cuda.mem_get_info()[0] - (8 << 20), dtype=torch.uint8, device=dev)
+        hog = torch.empty(torch.cuda.mem_get_info()[0] - (32 << 20), dtype=torch.uint8, device=dev)
     out = []
     for i, t in enumerate(tensors):
         dist.all_reduce(t)

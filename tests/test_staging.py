@@ -324,11 +324,13 @@ TRANSPORTS = pytest.mark.parametrize("transport", [{}, {"COLLX_TRANSPORT": "tcp"
 
 
 @TRANSPORTS
-def test_mixed_ranks_through_peers_path(transport):
+@pytest.mark.parametrize("peers", [{}, {"COLLX_PEER_BUFFER_BYTES": "off"}], ids=["peers", "no-peers"])
+def test_mixed_ranks_stage_in_the_same_pieces(transport, peers):
     """Ranks whose tensors cannot take the device path (a CPU tensor beside a
     device one, a non-contiguous one) all stage, in the same pieces: no rank
-    waits for a peer that runs another op."""
-    assert run_ranks(_mixed, 2, timeout=120, env=transport) == [[], []]
+    waits for a peer that runs another op. The peers path's vote settles it
+    where auto may take that path; a vote of its own elsewhere."""
+    assert run_ranks(_mixed, 2, timeout=120, env={**transport, **peers}) == [[], []]
 
 
 

@@ -6,7 +6,9 @@ tensors; then ``dist.init_process_group("collx")``.
 from __future__ import annotations
 
 import datetime
+import functools
 
+import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
 
@@ -65,6 +67,29 @@ def _perform_nocolor_split(backend, device):
 
 
 _C.CollxBackend.perform_nocolor_split = _perform_nocolor_split
+
+
+def _serving_every_device(create):
+    """torch's shrink_group registers the new backend for one device only (the
+    group's bound device, else the CPU), as NCCL serves one. A shrunk collx
+    group serves CPU and CUDA tensors, as its parent and every collx group do."""
+
+    @functools.wraps(create)
+    def create_shrunk(new_backend, *args, **kwargs):
+        pg = create(new_backend, *args, **kwargs)
+        if isinstance(new_backend, _C.CollxBackend):
+            custom = dist.ProcessGroup.BackendType.CUSTOM
+            for device in ("cpu", "cuda"):
+                pg._register_backend(torch.device(device), custom, new_backend)
+            pg._set_default_backend(custom)
+        return pg
+
+    return create_shrunk
+
+
+if hasattr(dist.distributed_c10d, "_create_shrunk_process_group"):
+    dist.distributed_c10d._create_shrunk_process_group = _serving_every_device(
+        dist.distributed_c10d._create_shrunk_process_group)
 
 if BACKEND_NAME.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

@@ -47,8 +47,13 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
                      device().hostCount() == 1;
   const bool claimed = peers && staged && staged->claim(outputs[0]);
   const bool pipelined = claimed || (staged && outputs.size() == 1 && staged->pipelines(outputs[0]));
-  auto body = [this, outputs, r, dtype, algo, size, staged, peers, claimed, pipelined](const Collective& c) {
+  // A rank pipelines only where every rank can: one with a CPU tensor beside
+  // device ones runs the op in one piece, so the others must too. The peers
+  // path votes on it; elsewhere a vote does, where a tensor may span chunks.
+  const bool vote = !peers && outputs.size() == 1 && size_ > 1 && config_.stagingChunkBytes <= bytes / 2;
+  auto body = [this, outputs, r, dtype, algo, size, staged, peers, claimed, pipelined, vote](const Collective& c) {
     bool whole = false;
+    if (vote) whole = peers_->stagesWhole(c, !staged, pipelined, size_t(outputs[0].numel()));
     if (peers) {
       const at::Tensor tensor = staged ? staged->deviceOf(outputs)[0] : outputs[0];
       switch (peers_->run(staged.get(), claimed, c, tensor, dtype, r.op)) {

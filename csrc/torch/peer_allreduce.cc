@@ -25,12 +25,12 @@ enum Vote : int32_t {
 // never map buffers of different sizes.
 struct Votes {
   Vote least, most;
-  bool cannot;  // a device rank cannot make or map its buffer
+  bool flagged;  // a rank raised its flag (what it means is the caller's)
 };
-Votes agree(const Collective& c, Vote mine, size_t count, bool cannot = false) {
+Votes agree(const Collective& c, Vote mine, size_t count, bool flag = false) {
   const int64_t key = int64_t(count) * 32 + int64_t(c.dtype);
-  // MIN of each: the least and the largest vote and key, and whether any rank cannot.
-  int64_t x[5] = {mine, -int64_t(mine), key, -key, -int64_t(cannot)};
+  // MIN of each: the least and the largest vote and key, and whether a rank flags.
+  int64_t x[5] = {mine, -int64_t(mine), key, -key, -int64_t(flag)};
   Collective v = c;
   v.dtype = DataType::kInt64;
   v.refiner = nullptr;
@@ -103,6 +103,14 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
   return Outcome::kDone;
 }
 
+bool PeerAllreduce::stagesWhole(const Collective& c, bool host, bool pipelines, size_t count) {
+  if (hostGroup_) return true;
+  // The flag: this rank has a device tensor.
+  const Votes all = agree(c, pipelines ? kStage : kWhole, count, !host);
+  if (!all.flagged) hostGroup_ = true;
+  return all.least == kWhole;
+}
+
 int PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t bytes) {
   if (buffers_ && buffers_->bytes() >= bytes) return kGo;
   // Every rank gets here at the same op, for the same size. No rank reads
@@ -113,6 +121,7 @@ int PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t 
   want = std::min(want, maxBytes_);
 
   // A vote first: a rank that cannot take part says so before any exchange.
+  // The flag: this rank cannot make or map its buffer.
   std::string why;
   std::unique_ptr<PeerBuffers> made;
   Votes all{};
@@ -152,7 +161,7 @@ int PeerAllreduce::ready(Staging* st, const Collective& c, size_t count, size_t 
   // A CPU tensor beside device ones: this op only. Every rank's a CPU
   // tensor: from now on. A device rank that cannot make or map its buffer
   // (also beside CPU tensors): from now on, and it says why once.
-  if (all.cannot) {
+  if (all.flagged) {
     noBuffers_ = true;
     if (st && logLevel_ >= LogLevel::kInfo) {
       logLine(LogLevel::kInfo, c.rank(), c.size(),

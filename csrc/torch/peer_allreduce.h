@@ -58,6 +58,13 @@ class PeerAllreduce {
   Outcome run(Staging* st, bool claimed, const Collective& c, const at::Tensor& tensor, DataType dtype,
               ReduceOp op);
 
+  // Executor thread; every rank of an all-reduce of `count` elements that
+  // does not take run() but that a rank may pipeline calls it. Whether every
+  // rank stages it in one piece: true when a rank cannot pipeline (a CPU
+  // tensor beside device ones), so that the ranks run the same ops. Votes
+  // until a vote finds every rank on host tensors.
+  bool stagesWhole(const Collective& c, bool host, bool pipelines, size_t count);
+
  private:
   // Maps buffers of >= `bytes` (grown to a power of two) for an op on
   // `count` elements. Returns the group's vote, alike on every rank: go, or
