@@ -49,9 +49,11 @@ run() {  # name, timeout, command...: a failure's last lines go into the summary
 # hook's CUDA buckets at 2 and 4 ranks, abort and shrink with CUDA ops in
 # flight, a profiler trace of a staged op, a rank with no memory for its peer
 # buffer. -rs lists skips: here a skip is a failure.
-want tests && run tests 300 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile tests/test_kernels.py \
-  tests/test_cuda.py tests/test_cuda_faults.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda \
+# The gpu_alone tests fill the GPU, so they run after the others, alone.
+want tests && run tests 300 $PY -m pytest -q -rs -p no:cacheprovider -n 3 --dist loadfile -m "not gpu_alone" \
+  tests/test_kernels.py tests/test_cuda.py tests/test_cuda_faults.py tests/test_ddp_hook.py::test_ddp_comm_hook_cuda \
   tests/test_groups.py::test_split_group
+want tests && run tests_alone 120 $PY -m pytest -q -rs -p no:cacheprovider -m gpu_alone tests/test_cuda_faults.py
 want kernels && run bench_kernels 120 $PY benchmarks/kernels.py --mb 256
 # The floor of a staged op: each CUDA call it makes, and a one-rank group.
 want costs && run bench_cuda_costs 60 $PY benchmarks/cuda_costs.py

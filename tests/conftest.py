@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "ddp: DistributedDataParallel end-to-end tests (multi-process)")
+    config.addinivalue_line("markers", "gpu_alone: fills the GPU, so no other test may share it meanwhile")
     config._collx_cache = tempfile.mkdtemp(prefix="collx_test_cache_")
     os.environ["XDG_CACHE_HOME"] = config._collx_cache
 

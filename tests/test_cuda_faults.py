@@ -162,6 +162,7 @@ def _no_buffer_cuda(rank, ws):
     return out, labels, [line.strip() for line in log if "through host memory" in line]
 
 
+@pytest.mark.gpu_alone
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
 def test_device_rank_without_memory_for_its_buffer_gives_up_once(ws):
     res = run_ranks(_no_buffer_cuda, ws, timeout=120, init=False, env={"COLLX_DEBUG": "info"})

@@ -119,9 +119,10 @@ def _abort_in_flight(rank, ws, numel=1 << 18, device="cpu"):
     t0 = time.time()
     out["waits"] = [_attempt(w.wait) for w in works] + ([_attempt(recv.wait)] if recv else [])
     out["waited"] = time.time() - t0
-    if rank != 0 and HAS_GET_ERROR:
-        out["error"] = str(_backend().get_error())
-        out["error_is_remote"] = _backend().get_error() == ErrorType.REMOTE_ERROR
+    if rank != 0:
+        if HAS_GET_ERROR:
+            out["error"] = str(_backend().get_error())
+            out["error_is_remote"] = _backend().get_error() == ErrorType.REMOTE_ERROR
         out["later"] = _attempt(lambda: dist.all_reduce(torch.ones(4)))
     if device != "cpu":
         torch.cuda.synchronize()  # no CUDA error is left behind
