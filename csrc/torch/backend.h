@@ -1,6 +1,7 @@
 // The c10d::Backend of collx. Thin on purpose: it validates tensors, maps
 // dtypes and reduce ops onto the core, and queues each op on the group's
-// Executor; the core does the communication. The ops live in ops_*.cc.
+// Executor; the core does the communication. The ops live in ops_*.cc, the
+// mesh's coming and going in lifecycle.cc.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -16,7 +17,7 @@
 #include "core/algorithms/calibrate.h"
 #include "core/algorithms/refine.h"
 #include "core/executor.h"
-#include "core/transport/tcp/device.h"
+#include "core/transport/device.h"
 #include "log.h"
 #include "peer_allreduce.h"
 #include "staging.h"
@@ -138,7 +139,7 @@ class CollxBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
-  void shutdown() override;
+  void shutdown() override;  // lifecycle.cc
 
   // Fault tolerance (fault_tolerance.cc): torch 2.14's virtuals. Those that
   // older torch lacks carry no `override`, so the glue builds against both.
@@ -233,8 +234,8 @@ class CollxBackend : public c10d::Backend {
   // Runs one send or receive, or records it while coalescing.
   c10::intrusive_ptr<c10d::Work> addP2P(P2POp op, c10d::OpType type);
 
-  // Takes lifecycleMutex_ (abort, shutdown); false, not taken, when called
-  // from inside an op's task while a teardown holds it.
+  // lifecycle.cc. Takes lifecycleMutex_ (abort, shutdown); false, not
+  // taken, when called from inside an op's task while a teardown holds it.
   bool lockLifecycle(std::unique_lock<std::mutex>& lock);
   // Fails the ops in flight (`inFlight`), queued (`queued`) and pending on
   // p2p (`pending`), waits for the one in flight, closes the connections.

@@ -34,4 +34,10 @@ void logLine(LogLevel level, int rank, int size, const std::string& message) {
   std::fflush(stderr);
 }
 
+std::string millis(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f", ms);
+  return buf;
+}
+
 }  // namespace collx::torch_glue

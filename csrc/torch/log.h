@@ -14,5 +14,7 @@ enum class LogLevel { kOff = 0, kWarn, kInfo, kTrace };
 LogLevel parseLogLevel(const std::string& value);
 
 void logLine(LogLevel level, int rank, int size, const std::string& message);
+// Milliseconds with three decimals, for log lines.
+std::string millis(double ms);
 
 }  // namespace collx::torch_glue

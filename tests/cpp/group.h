@@ -13,7 +13,7 @@
 #include "../../csrc/core/algorithms/collective.h"
 #include "../../csrc/core/error.h"
 #include "../../csrc/core/reduce/reduce.h"
-#include "../../csrc/core/transport/tcp/device.h"
+#include "../../csrc/core/transport/device.h"
 #include "check.h"
 #include "memory_store.h"
 

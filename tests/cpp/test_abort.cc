@@ -1,12 +1,15 @@
 // Device::abort and interrupt(tellPeers), the core of Backend::abort: every
 // peer of an aborting rank fails at once with the rank's reason (its abort
 // frame), whether the rank was idle or waiting in an op; and the failure
-// kinds that Backend::getError reports.
+// kinds that Backend::getError reports; an op the aborting rank had
+// finished still completes on its peers.
+#include <atomic>
 #include <memory>
+#include <thread>
 
 #include "../../csrc/core/algorithms/algorithms.h"
 #include "../../csrc/core/error.h"
-#include "../../csrc/core/transport/tcp/device.h"
+#include "../../csrc/core/transport/device.h"
 #include "check.h"
 #include "group.h"
 
@@ -108,6 +111,49 @@ void testInFlightAbort(int n, shm::Mode mode, Algorithm algo) {
   }
 }
 
+// A rank that finished an op and then aborts, idle, leaves that op to its
+// peers: a reduce to rank 0 (a tree of arity 2: ranks 1 and 2 send to 0)
+// completes with rank 1's part although rank 1 aborted before rank 2 even
+// joined. The next op, which needs rank 1 (its root), fails on every rank.
+void testAbortAfterFinishing(shm::Mode mode) {
+  Group g(3, test::over(mode));
+  std::atomic<bool> aborted{false};
+  std::vector<std::string> first(3), second(3);
+  std::vector<float> sum;
+  test::runRanks(3, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    Workspace ws;
+    auto collective = [&](uint64_t seq, OpKind kind) {
+      return Collective{d, kind, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60), 1 << 12, 2, ws};
+    };
+    if (r == 2) {
+      while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 has the abort frame
+    }
+    std::vector<float> buf(1000, float(r + 1));
+    try {
+      reduce(collective(1, OpKind::kReduce), buf.data(), buf.size(), 0, cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      first[r] = e.what();
+    }
+    if (r == 0) sum = buf;
+    if (r == 1) {
+      d.abort("collx rank 1: the process group was aborted");
+      aborted = true;
+    }
+    try {
+      broadcast(collective(2, OpKind::kBroadcast), buf.data(), buf.size(), 1);
+    } catch (const Error& e) {
+      second[r] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(first[r].empty(), "rank ", r, "'s reduce #1 failed: ", first[r]);
+    CHECK(second[r].find("aborted") != std::string::npos, "rank ", r, "'s broadcast #2 got: ", second[r]);
+  }
+  CHECK(sum == std::vector<float>(1000, 6.0f), "reduce #1's sum on rank 0");
+}
+
 void testTimeoutKind() {
   Group g(2, test::over(shm::Mode::kTcp));
   test::runRanks(2, [&](int r) {
@@ -140,6 +186,8 @@ int main() {
   }
   testInFlightAbort(3, shm::Mode::kShm, Algorithm::kShm);
   testIdleAbort(3, shm::Mode::kShm, Algorithm::kShm);
+  testAbortAfterFinishing(shm::Mode::kTcp);
+  testAbortAfterFinishing(shm::Mode::kShm);
   testTimeoutKind();
   std::printf("test_abort: ok\n");
   return 0;

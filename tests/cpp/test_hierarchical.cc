@@ -8,7 +8,7 @@
 #include "../../csrc/core/algorithms/algorithms.h"
 #include "../../csrc/core/algorithms/tuning.h"
 #include "../../csrc/core/transport/subgroup.h"
-#include "../../csrc/core/transport/tcp/device.h"
+#include "../../csrc/core/transport/device.h"
 #include "check.h"
 #include "group.h"
 #include "memory_store.h"

@@ -19,9 +19,9 @@
 #include <mutex>
 
 #include "../../csrc/core/algorithms/algorithms.h"
-#include "../../csrc/core/transport/tcp/device.h"
-#include "../../csrc/core/transport/tcp/rendezvous.h"
-#include "../../csrc/core/transport/tcp/wire.h"
+#include "../../csrc/core/transport/device.h"
+#include "../../csrc/core/transport/socket/rendezvous.h"
+#include "../../csrc/core/transport/socket/wire.h"
 #include "check.h"
 #include "memory_store.h"
 

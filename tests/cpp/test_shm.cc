@@ -17,7 +17,7 @@
 #include "../../csrc/core/algorithms/algorithms.h"
 #include "../../csrc/core/error.h"
 #include "../../csrc/core/transport/shm/links.h"
-#include "../../csrc/core/transport/tcp/device.h"
+#include "../../csrc/core/transport/device.h"
 #include "check.h"
 #include "group.h"
 #include "memory_store.h"

@@ -11,7 +11,7 @@
 //   - a size or dtype mismatch fails the op(s) before user memory is written;
 //   - a dead peer fails its pending ops at once; each op has its own deadline.
 //
-// tcp/p2p_engine.h implements it.
+// p2p/engine.h implements it.
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // The abstract transport: framed, ordered point-to-point messages between the
-// ranks of one group. Algorithms see only this interface; tcp/ implements it.
+// ranks of one group. Algorithms see only this interface; device.h implements it.
 //
 // Every message carries a Frame (op kind, dtype, sequence number, tag) and its
 // byte count. The receiver posts what it expects; a peer sending anything else

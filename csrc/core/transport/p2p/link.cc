@@ -1,4 +1,4 @@
-#include "p2p_link.h"
+#include "link.h"
 
 #include <sys/uio.h>
 

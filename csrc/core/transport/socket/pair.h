@@ -52,11 +52,14 @@ class Pair {
   // blocked on a peer that will not come fails now with the peer's reason.
   // Anything else is left for the receive that will check it, and so is a
   // cancel of an op after `upTo`, which this rank may yet reject too.
-  // `endIsError` false: the end of the connection is no error either.
-  void checkControl(uint64_t upTo = UINT64_MAX, bool endIsError = true);
-  // Only an abort frame of a collective up to `upTo` (or a ring's note)
-  // throws: a peer that failed in a later op leaves this one to finish. The
-  // end of the connection does not throw.
+  // `endIsError` false: the end of the connection is no error either. An
+  // abort frame throws only as checkAbort(abortsUpTo) says.
+  void checkControl(uint64_t upTo = UINT64_MAX, bool endIsError = true, uint64_t abortsUpTo = UINT64_MAX);
+  // Only an abort frame (or a ring's note) of a peer that will not finish a
+  // collective up to `upTo` throws: a frame carries the first collective its
+  // rank did not finish, so a peer that finished this op, or failed in a
+  // later one, leaves this one to finish. The end of the connection does
+  // not throw.
   void checkAbort(uint64_t upTo);
   bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
   // The peer's end of the connection has been read (it may have finished

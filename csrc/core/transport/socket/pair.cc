@@ -312,13 +312,16 @@ void Pair::checkAbort(uint64_t upTo) {
   if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && h.seq <= upTo) throwAbort(h);
 }
 
-void Pair::checkControl(uint64_t upTo, bool endIsError) {
+void Pair::checkControl(uint64_t upTo, bool endIsError, uint64_t abortsUpTo) {
   FrameHeader h;
   do {
     if (!fill(sizeof(FrameHeader), endIsError)) return;
     memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
     if (h.magic != kFrameMagic) return;
-    if (h.kind == uint8_t(OpKind::kAbort)) throwAbort(h);
+    if (h.kind == uint8_t(OpKind::kAbort)) {
+      if (h.seq <= abortsUpTo) throwAbort(h);
+      return;
+    }
     if (h.kind != uint8_t(OpKind::kCancel)) throwIfRejectedHere(h);  // never to be received
   } while (h.kind == uint8_t(OpKind::kCancel) && h.seq <= upTo && skipCancel(h));
 }

@@ -1,11 +1,11 @@
 // The progress side of P2PEngine: its thread, its wakeups, and a waiter
-// driving progress itself for a while (p2p_engine.h).
+// driving progress itself for a while (engine.h).
 #include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
 
-#include "p2p_engine.h"
+#include "engine.h"
 
 namespace collx::tcp {
 

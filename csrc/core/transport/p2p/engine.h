@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "../p2p.h"
-#include "p2p_link.h"
+#include "link.h"
 
 namespace collx::tcp {
 
@@ -56,6 +56,12 @@ class P2PEngine : public PointToPoint {
   static constexpr size_t kEagerBytes = 64 << 10;
 
  private:
+  // Ids of queued frames (P2PLink::queue): a send's own id for its payload
+  // frame; with kRequestBit for its request; with kNoteBit for a control
+  // frame carrying text (notes_); 0 for one that carries nothing.
+  static constexpr uint64_t kRequestBit = 1ull << 63;
+  static constexpr uint64_t kNoteBit = 1ull << 62;
+
   struct Op {
     int peer;  // kAnySource for such a receive
     uint64_t tag;

@@ -10,9 +10,9 @@
 #include <cstring>
 #include <thread>
 
-#include "../../error.h"
-#include "rendezvous.h"
-#include "windows.h"
+#include "../error.h"
+#include "socket/rendezvous.h"
+#include "shm/windows.h"
 
 namespace collx::tcp {
 
@@ -109,7 +109,8 @@ void Device::interrupt(const std::string& why, bool tellPeers) {
 }
 
 void Device::abort(const std::string& why) {
-  if (error_.empty()) breakGroup(why, Failure::kAborted, Clock::now() + kUserAbortGrace);
+  // No op is in flight (one would have failed on interrupt()): every posted one finished.
+  if (error_.empty()) breakGroup(why, Failure::kAborted, Clock::now() + kUserAbortGrace, seqPosted_ + 1);
 }
 
 void Device::throwIfBroken() const {
@@ -175,12 +176,12 @@ void Device::breakWith(const std::exception& e, bool isTimeout) {
   } else if (dynamic_cast<const PeerAbortedError*>(&e) || dynamic_cast<const PeerClosedError*>(&e)) {
     kind = Failure::kRemote;
   }
-  breakGroup(why, kind, Clock::now() + (aborting ? kUserAbortGrace : kAbortGrace));
+  breakGroup(why, kind, Clock::now() + (aborting ? kUserAbortGrace : kAbortGrace), seqPosted_);
   throwIfBroken();
   throw Error(error_);  // unreachable: error_ is set
 }
 
-void Device::breakGroup(const std::string& why, Failure kind, Deadline grace) {
+void Device::breakGroup(const std::string& why, Failure kind, Deadline grace, uint64_t unfinished) {
   error_ = why;
   errorIsTimeout_ = kind == Failure::kTimeout;
   failure_ = kind;
@@ -189,7 +190,7 @@ void Device::breakGroup(const std::string& why, Failure kind, Deadline grace) {
   // are at unknown positions and nothing more can be matched. Finishing a
   // half-sent message for that may take a peer that reads until `grace`.
   for (auto& p : pairs_) {
-    if (p) p->sendAbort(error_, grace, seqPosted_);
+    if (p) p->sendAbort(error_, grace, unfinished);
   }
   closeSockets();
   pending_ = 0;

@@ -1,4 +1,4 @@
-#include "p2p_engine.h"
+#include "engine.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -12,12 +12,6 @@ namespace collx::tcp {
 
 namespace {
 uint64_t tagOf(const FrameHeader& h) { return uint64_t(h.reserved2) << 32 | h.tag; }
-
-// Ids of queued frames (P2PLink::queue): a send's own id for its payload
-// frame; with kRequestBit for its request; with kNoteBit for a control frame
-// carrying text (notes_); 0 for one that carries nothing.
-constexpr uint64_t kRequestBit = 1ull << 63;
-constexpr uint64_t kNoteBit = 1ull << 62;
 
 // Frames whose `bytes` is a message size, not a payload that follows.
 size_t payloadBytes(const FrameHeader& h) {
@@ -333,123 +327,6 @@ void P2PEngine::onWritten(const std::vector<uint64_t>& ids) {
       auto s = sends_.find(id);
       if (s != sends_.end()) finish(sends_, s, nullptr);
     }
-  }
-}
-
-// ---- failures and deadlines --------------------------------------------------
-
-void P2PEngine::finish(OpMap& ops, OpMap::iterator it, std::exception_ptr err) {
-  if (!err) (&ops == &sends_ ? bytesSent_ : bytesReceived_) += it->second.buffer.bytes;
-  finished_.push_back({std::move(it->second.done), it->second.source, err});
-  ops.erase(it);
-}
-
-std::exception_ptr P2PEngine::linkError(int peer, const std::string& why) const {
-  if (linkRemote_[peer]) return std::make_exception_ptr(PeerClosedError(why));
-  return error(why);
-}
-
-void P2PEngine::failLink(int peer, const std::string& why, bool remote) {
-  links_[peer]->close();
-  linkError_[peer] = why;
-  linkRemote_[peer] = remote;
-  incoming_[peer] = Incoming{};
-  for (auto it = sends_.begin(); it != sends_.end();) {
-    auto cur = it++;
-    if (cur->second.peer == peer) finish(sends_, cur, linkError(peer, str(why, " (", describe(cur->second, true), ")")));
-  }
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    auto cur = it++;
-    if (cur->second.peer == peer || (cur->second.matched && cur->second.source == peer)) {
-      finish(recvs_, cur, linkError(peer, str(why, " (", describe(cur->second, false), ")")));
-    }
-  }
-  // Messages that fully arrived stay receivable; the rest never will be.
-  for (auto it = parked_.begin(); it != parked_.end();) {
-    auto cur = it++;
-    if (cur->second.peer == peer && (!cur->second.complete || cur->second.header.kind != uint8_t(OpKind::kP2P))) {
-      parked_.erase(cur);
-    }
-  }
-  failIfNoPeers();
-}
-
-void P2PEngine::failIfNoPeers() {
-  if (std::any_of(links_.begin(), links_.end(), [](auto& l) { return l && l->alive(); })) return;
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    auto cur = it++;
-    if (cur->second.peer == kAnySource && !cur->second.matched) {
-      finish(recvs_, cur, error(str("collx rank ", rank_, ": no peer is left to send to this rank's ",
-                                    describe(cur->second, false))));
-    }
-  }
-}
-
-Deadline P2PEngine::nextDeadline() const {
-  Deadline next = Deadline::max();
-  for (auto* ops : {&sends_, &recvs_}) {
-    for (const auto& [id, op] : *ops) next = std::min(next, op.deadline);
-  }
-  return next;
-}
-
-void P2PEngine::expire() {
-  const Deadline now = Clock::now();
-  auto timedOut = [&](const Op& op, bool isSend, const char* state) {
-    return std::make_exception_ptr(
-        TimeoutError(str("collx rank ", rank_, ": Timed out after ", millis(op), " ms in ", describe(op, isSend), ": ", state)));
-  };
-  for (auto it = sends_.begin(); it != sends_.end();) {
-    auto s = it++;
-    Op& op = s->second;
-    if (op.deadline > now) continue;
-    P2PLink& link = *links_[op.peer];
-    const uint64_t id = s->first;
-    if (link.writing(id)) {  // half on the wire: the connection cannot go on
-      failLink(op.peer, str("collx rank ", rank_, ": Timed out after ", millis(op), " ms while sending to peer ", op.peer, " (tag ", uint32_t(op.tag), "): the peer stopped reading"));
-      it = sends_.upper_bound(id);  // failLink erased ops
-      continue;
-    }
-    link.unqueue(id);
-    link.unqueue(id | kRequestBit);
-    if (op.requested) queueControl(op.peer, OpKind::kCancel, id, "the send timed out on its rank");
-    finish(sends_, s, timedOut(op, true, op.requested ? "the peer posted no matching recv" : "the peer did not read it"));
-  }
-  for (auto it = recvs_.begin(); it != recvs_.end();) {
-    auto r = it++;
-    Op& op = r->second;
-    if (op.deadline > now) continue;
-    for (auto& in : incoming_) {
-      if (in.recv == r->first) in.recv = 0, in.dst = nullptr;  // the rest of its payload is discarded
-    }
-    for (auto& [id, m] : parked_) {
-      if (m.claimedBy == r->first) m.claimedBy = 0;  // left for a later receive
-    }
-    finish(recvs_, r, timedOut(op, false, op.matched ? "its data did not arrive" : "no matching send arrived"));
-  }
-}
-
-void P2PEngine::close(const std::string& why) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (closed_.empty()) {
-    closed_ = why;
-    for (auto* ops : {&sends_, &recvs_}) {
-      while (!ops->empty()) finish(*ops, ops->begin(), error(str(why, " (", describe(ops->begin()->second, ops == &sends_), ")")));
-    }
-    parked_.clear();
-    notes_.clear();
-    for (auto& l : links_) {
-      if (l) l->close();
-    }
-  }
-  stopping_ = true;
-  wake();
-  std::thread thread = std::move(thread_);
-  runFinished(lock);
-  lock.unlock();
-  if (thread.joinable()) {
-    if (thread.get_id() == std::this_thread::get_id()) thread.detach();  // closed from a callback
-    else thread.join();
   }
 }
 

@@ -59,7 +59,7 @@ void Device::Windows::checkPeers(const std::function<bool()>& ready) {
       if (!p) continue;
       if (rc > 0) p->afterSleep(pollfds_[i].revents);
       ++i;
-      p->checkControl();  // an abort or cancel frame in its ring, or its end
+      p->checkControl(UINT64_MAX, true, device_.seqPosted_);  // an abort or cancel frame in its ring, or its end
     }
   } catch (const Error& e) {
     // A peer that has everything it needed may finish the op and leave (its
@@ -137,7 +137,7 @@ void Device::Windows::checkGroup(uint64_t seq) {
     for (auto& p : device_.pairs_) {
       // A peer that posted may have finished the op and left: its end is no
       // error here (a wait on it would notice it).
-      if (p) p->checkControl(seq, false);
+      if (p) p->checkControl(seq, false, seq);
     }
   } catch (const Error& e) {
     device_.breakWith(e, false);

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "../../store.h"
-#include "../shared_windows.h"
-#include "p2p_engine.h"
-#include "pair.h"
+#include "../store.h"
+#include "shared_windows.h"
+#include "p2p/engine.h"
+#include "socket/pair.h"
 
 namespace collx::tcp {
 
@@ -88,8 +88,9 @@ class Device : public Transport {
   void listen(Pair& p);
   [[noreturn]] void breakWith(const std::exception& e, bool timeout);
   // Sets the sticky error, sends abort frames (finishing half-sent messages
-  // until `grace`), closes the sockets.
-  void breakGroup(const std::string& why, Failure kind, Deadline grace);
+  // until `grace`), closes the sockets. `unfinished`: the first collective
+  // this rank will not finish, which the frames carry (see Pair::checkAbort).
+  void breakGroup(const std::string& why, Failure kind, Deadline grace, uint64_t unfinished);
   [[noreturn]] void timeout();
 
   class Windows;  // windows.cc

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "device.h"
+#include "../device.h"
 
 namespace collx::tcp {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "stream.h"
-#include "wire.h"
+#include "../socket/stream.h"
+#include "../socket/wire.h"
 
 namespace collx::tcp {
 
