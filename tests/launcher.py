@@ -1,10 +1,17 @@
 """Multi-process launcher for the collx Python tests.
 
-``run_ranks(fn, world_size, ...)`` starts ``world_size`` fresh Python
-processes (``subprocess``, so each one is a real, separate interpreter with
-its own torch import), has each call ``dist.init_process_group("collx", ...)``
-and then ``fn(rank, world_size, *args)``, and returns the list of what ``fn``
-returned, indexed by rank.
+``run_ranks(fn, world_size, ...)`` starts ``world_size`` separate Python
+processes, has each call ``dist.init_process_group("collx", ...)`` and then
+``fn(rank, world_size, *args)``, and returns the list of what ``fn`` returned,
+indexed by rank.
+
+The processes fork from a server that imported torch and torchcollx once
+(multiprocessing's forkserver), so a launch does not pay an interpreter's
+start and a torch import per rank. Each rank is still its own process, in its
+own session, with the test's environment, working directory and output file;
+torch's settings read from the environment at import (the debug level, the
+thread count) are read again. ``COLLX_TEST_SPAWN=1`` starts each rank as a
+fresh interpreter instead.
 
 Failure handling (the point of this module):
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -208,12 +216,7 @@ def _run(fn, world_size, timeout, backend_init, env, args, with_gloo, pg_options
             res = os.path.join(workdir, f"rank{rank}.result")
             logs.append(log)
             results.append(res)
-            with open(log, "wb") as out:
-                procs.append(subprocess.Popen(
-                    [sys.executable, os.path.abspath(__file__), spec_path, str(rank), res],
-                    stdout=out, stderr=subprocess.STDOUT, env=renv, cwd=HERE,
-                    start_new_session=True,
-                ))
+            procs.append(_start(spec_path, rank, res, renv, log))
 
         deadline = time.monotonic() + timeout
         first_failure_at = others_done_at = None
@@ -270,6 +273,87 @@ def _run(fn, world_size, timeout, backend_init, env, args, with_gloo, pg_options
     return [payload for _, payload in outcomes]
 
 
+# ------------------------------------------------------------------ starting ranks
+
+_FORKSERVER = None
+
+
+class _Forked:
+    """A rank forked by the server, with the part of Popen's interface that
+    _run uses. Its exit code comes from the server (negative: a signal)."""
+
+    def __init__(self, process):
+        self._process = process
+        self.pid = process.pid
+
+    @property
+    def returncode(self):
+        return self._process.exitcode
+
+    def poll(self):
+        return self._process.exitcode
+
+    def kill(self):
+        self._process.kill()
+
+    def wait(self, timeout=None):
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("collx test rank", timeout)
+        return self._process.exitcode
+
+
+def _start(spec_path, rank, result_path, env, log_path):
+    global _FORKSERVER
+    if env.get("COLLX_TEST_SPAWN") == "1" or not _main_is_a_package():
+        with open(log_path, "wb") as out:
+            return subprocess.Popen([sys.executable, os.path.abspath(__file__), spec_path, str(rank), result_path],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=HERE,
+                                    start_new_session=True)
+    if _FORKSERVER is None:
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["torch", "torch.distributed", "torchcollx", "launcher"])
+    process = _FORKSERVER.Process(target=_forked_main, args=(spec_path, rank, result_path, env, log_path),
+                                  name=f"collx-test-rank{rank}", daemon=False)
+    process.start()
+    return _Forked(process)
+
+
+def _main_is_a_package():
+    """Whether __main__ is a package's (python -m pytest): multiprocessing's
+    children then skip importing it. A script as __main__ would be rerun in
+    every child, so ranks are spawned instead."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec is not None and spec.name.endswith(".__main__")
+
+
+def _forked_main(spec_path, rank, result_path, env, log_path):
+    """A forked rank: its own session, output file, environment and working
+    directory, as a fresh interpreter would have them; then _child_main."""
+    import io
+
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", 0, closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0, closefd=False), write_through=True)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(HERE)
+    import torch
+    import torch.distributed as dist
+
+    if env.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    dist.set_debug_level_from_env()
+    _child_main(spec_path, rank, result_path)
+
+
 def _read_result(path):
     try:
         with open(path, "rb") as f:
@@ -301,9 +385,10 @@ def _child_main(spec_path, rank, result_path):
         with open(spec_path, "rb") as f:
             spec = pickle.load(f)
         sys.path.insert(0, os.path.dirname(spec["module_file"]))
-        # This file runs as __main__; make `import launcher` in test modules
-        # resolve to this same module so that launcher.gloo() sees _GLOO.
-        sys.modules.setdefault("launcher", sys.modules["__main__"])
+        # Started as a script, this file runs as __main__; make `import
+        # launcher` in test modules resolve to this same module so that
+        # launcher.gloo() sees _GLOO.
+        sys.modules.setdefault("launcher", sys.modules[__name__])
         import torch.distributed as dist
 
         import torchcollx  # noqa: F401  registers "collx"
