@@ -14,7 +14,7 @@ PY := $(VENV)/bin/python
 TORCHRUN := $(VENV)/bin/torchrun
 SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
 
-.PHONY: demo elastic test test-cpp test-py bench torch-suite sanitize sanitize-address sanitize-thread setup build clean
+.PHONY: demo elastic test check test-cpp test-py bench torch-suite sanitize sanitize-address sanitize-thread setup build clean
 
 demo: build
 	$(TORCHRUN) --nproc_per_node=4 examples/train_ddp.py
@@ -23,6 +23,13 @@ demo: build
 	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M --time-per-point 0.3
 
 test: build test-cpp test-py
+
+# The loop while editing (about 2 minutes once built): the C++ core tests, in
+# parallel, and one multi-process case per feature (QUICK in tests/conftest.py).
+check: build build/core/build.ninja
+	$(CMAKE) --build build/core -j $(MAX_JOBS)
+	$(CTEST) --test-dir build/core --output-on-failure -j $(MAX_JOBS)
+	$(PY) -m pytest tests -q -m quick -p no:cacheprovider --durations=5
 
 # A rank SIGKILLed mid-training; the survivors shrink the group and go on.
 elastic: build

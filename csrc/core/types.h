@@ -57,6 +57,12 @@ enum class OpKind : uint8_t {
   kCount,
 };
 
+// Sequence numbers from here on number the group's own collectives
+// (calibration, refinement's agreements), never one of the user's ops: a
+// rank's progress through the user's ops, which abort frames carry and are
+// judged by, leaves them out.
+constexpr uint64_t kInternalSeqs = uint64_t(1) << 62;
+
 size_t elementSize(DataType t);
 bool isFloating(DataType t);
 const char* name(DataType t);

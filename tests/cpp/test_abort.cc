@@ -154,6 +154,49 @@ void testAbortAfterFinishing(shm::Mode mode) {
   CHECK(sum == std::vector<float>(1000, 6.0f), "reduce #1's sum on rank 0");
 }
 
+// A rank that finished the group's own ops (a new group's calibration) and
+// failed in the user's op #1 leaves a slower peer's calibration to finish:
+// the peer fails at its own op #1, not in its calibration.
+void testFailureAfterCalibration(shm::Mode mode) {
+  Group g(3, test::over(mode));
+  std::atomic<bool> failed{false};
+  std::string rootError;
+  std::vector<float> sum(100, 0.0f);
+  test::runRanks(3, [&](int r) {
+    tcp::Device& d = *g.devices[r];
+    Workspace ws;
+    auto collective = [&](uint64_t seq, OpKind kind) {
+      return Collective{d, kind, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60), 1 << 12, 2, ws};
+    };
+    if (r == 2) {
+      while (!failed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 has the abort frame
+    }
+    std::vector<float> buf(100, float(r + 1));
+    try {  // the group's own op: a reduce to rank 0, which ranks 1 and 2 send to
+      reduce(collective(kInternalSeqs, OpKind::kCalibrate), buf.data(), buf.size(), 0,
+             cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+      if (r == 0) sum = buf;
+    } catch (const Error& e) {
+      if (r == 0) rootError = e.what();
+    }
+    if (r != 1) return;
+    // Rank 1 waits in op #1 for rank 2 (its root), and is interrupted there.
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      d.interrupt("collx rank 1: the process group was aborted", true);
+    });
+    try {
+      broadcast(collective(1, OpKind::kBroadcast), buf.data(), buf.size(), 2);
+    } catch (const Error&) {
+    }
+    aborter.join();
+    failed = true;
+  });
+  CHECK(rootError.empty(), "rank 0's calibration failed: ", rootError);
+  CHECK(sum == std::vector<float>(100, 6.0f), "the calibration's sum on rank 0");
+}
+
 void testTimeoutKind() {
   Group g(2, test::over(shm::Mode::kTcp));
   test::runRanks(2, [&](int r) {
@@ -188,6 +231,8 @@ int main() {
   testIdleAbort(3, shm::Mode::kShm, Algorithm::kShm);
   testAbortAfterFinishing(shm::Mode::kTcp);
   testAbortAfterFinishing(shm::Mode::kShm);
+  testFailureAfterCalibration(shm::Mode::kTcp);
+  testFailureAfterCalibration(shm::Mode::kShm);
   testTimeoutKind();
   std::printf("test_abort: ok\n");
   return 0;

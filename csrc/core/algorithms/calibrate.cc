@@ -31,7 +31,7 @@ constexpr int kMaxRounds[] = {5, 5, 3, 3};
 constexpr double kRoundBudgetUs[] = {1000, 2000, 3000, 6000};
 constexpr size_t kNumSizes = sizeof(kCalibrationSizes) / sizeof(kCalibrationSizes[0]);
 // Sequence numbers of calibration frames: far above any op's.
-constexpr uint64_t kCalibrationSeq = uint64_t(1) << 62;
+constexpr uint64_t kCalibrationSeq = kInternalSeqs;
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;

@@ -14,7 +14,7 @@ namespace {
 
 // Above the calibration's numbers (calibrate.cc), so the agreements never
 // meet its frames nor the group's ops.
-constexpr uint64_t kRefineSeq = (uint64_t(1) << 62) + (uint64_t(1) << 61);
+constexpr uint64_t kRefineSeq = kInternalSeqs + (uint64_t(1) << 61);
 
 bool isFlat(Algorithm a) {
   for (Algorithm f : kFlatAlgorithms) {

@@ -129,13 +129,13 @@ Pair& Device::pair(int peer) {
 void Device::postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                       uint64_t cookie) {
   pair(peer).postSend(frame, data, bytes, cookie);
-  seqPosted_ = std::max(seqPosted_, frame.seq);
+  if (frame.seq < kInternalSeqs) seqPosted_ = std::max(seqPosted_, frame.seq);
   ++pending_;
 }
 
 void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) {
   pair(peer).postRecv(frame, data, bytes, cookie);
-  seqPosted_ = std::max(seqPosted_, frame.seq);
+  if (frame.seq < kInternalSeqs) seqPosted_ = std::max(seqPosted_, frame.seq);
   ++pending_;
 }
 

@@ -113,7 +113,9 @@ class Device : public Transport {
   // or once the pure spin has passed.
   void spinPause(Clock::duration spun) const;
   std::set<uint64_t> cancelled_;  // collectives cancelled here (see Pair)
-  uint64_t seqPosted_ = 0;         // the latest collective this rank posted (or ran in the windows)
+  // The latest of the user's collectives this rank posted or ran in the
+  // windows (not the group's own: types.h's kInternalSeqs).
+  uint64_t seqPosted_ = 0;
   int wakeFd_ = -1;                // an eventfd in every poll: interrupt() wakes the waiter
   std::string error_;  // sticky once set
   bool errorIsTimeout_ = false;

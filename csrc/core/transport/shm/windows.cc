@@ -132,12 +132,12 @@ void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes)
 
 void Device::Windows::checkGroup(uint64_t seq) {
   device_.throwIfBroken();
-  device_.seqPosted_ = std::max(device_.seqPosted_, seq);
+  if (seq < kInternalSeqs) device_.seqPosted_ = std::max(device_.seqPosted_, seq);
   try {
     for (auto& p : device_.pairs_) {
       // A peer that posted may have finished the op and left: its end is no
       // error here (a wait on it would notice it).
-      if (p) p->checkControl(seq, false, seq);
+      if (p) p->checkControl(seq, false, device_.seqPosted_);
     }
   } catch (const Error& e) {
     device_.breakWith(e, false);
