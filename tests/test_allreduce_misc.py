@@ -10,6 +10,7 @@ for all the checks of this file.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -297,6 +298,25 @@ def check_async_mixed_kinds(rank, ws, fail):
             fail(f"async mixed {what}: {m}")
 
 
+def check_get_duration(rank, ws, fail):
+    """work._get_duration(): the op's time in milliseconds once it completed
+    (NCCL's with timing on; gloo raises), for a collective and a p2p op."""
+    t = torch.ones(1 << 20)
+    t0 = time.perf_counter()
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    if not 0 < work._get_duration() <= wall_ms:
+        fail(f"all_reduce: _get_duration() = {work._get_duration()} ms, the call and wait took {wall_ms:.3f} ms")
+    peer = rank ^ 1
+    if peer < ws:
+        buf = torch.ones(1000)
+        work = dist.isend(buf, peer) if rank % 2 == 0 else dist.irecv(buf, peer)
+        work.wait()
+        if not work._get_duration() > 0:
+            fail(f"p2p: _get_duration() = {work._get_duration()} ms")
+
+
 MISC_CHECKS = [
     check_async,
     check_future_done_after_wait,
@@ -306,6 +326,7 @@ MISC_CHECKS = [
     check_singleton_group,
     check_unsupported_dtypes,
     check_async_mixed_kinds,
+    check_get_duration,
 ]
 
 

@@ -31,6 +31,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   };
   Executor::Task task;
   task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging] {
+    work->markStarted();
     // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
     const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
     Collective c{device(), kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,

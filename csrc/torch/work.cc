@@ -35,6 +35,7 @@ bool CollxWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void CollxWork::complete(std::exception_ptr error) {
+  durationMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started_).count();
   // The Future first: once wait() returns, get_future() must be done too.
   if (error) {
     future_->setError(error);
@@ -42,6 +43,11 @@ void CollxWork::complete(std::exception_ptr error) {
     future_->markCompleted(c10::IValue(outputs_));
   }
   finish(error);  // takes and releases c10d::Work's own mutex
+}
+
+float CollxWork::getDuration() const {
+  TORCH_CHECK(durationMs_ >= 0, "collx: getDuration can only be called after the work completed");
+  return float(durationMs_.load());
 }
 
 }  // namespace collx::torch_glue

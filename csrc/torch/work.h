@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 
 #include "core/executor.h"
@@ -38,8 +39,13 @@ class CollxWork : public c10d::Work {
   // A p2p op: wait() drives the channel itself for a moment before it blocks.
   void spinOn(std::shared_ptr<PointToPoint> p2p) { p2p_ = std::move(p2p); }
 
+  // The op starts running now (by default it started when the Work was made).
+  void markStarted() { started_ = std::chrono::steady_clock::now(); }
   // Completes the Future, then marks the work done (or failed).
   void complete(std::exception_ptr error);
+  // Milliseconds from the op's start to its completion (or failure), as
+  // NCCL's with timing on; only once it completed.
+  float getDuration() const override;
 
  private:
   std::shared_ptr<Executor> executor_;
@@ -49,6 +55,8 @@ class CollxWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   uint64_t seq_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::atomic<double> durationMs_{-1};
 };
 
 }  // namespace collx::torch_glue
