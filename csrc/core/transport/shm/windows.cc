@@ -113,7 +113,9 @@ void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes)
       // aborted, and left (ESRCH) or freed the window (EFAULT) while rank 0
       // was still reading it).
       try {
-        device_.pairs_.at(size_t(r))->checkControl(UINT64_MAX, false);
+        Pair& p = *device_.pairs_.at(size_t(r));
+        p.checkControl(UINT64_MAX, false);
+        p.throwIfAbortNoted();  // a ring full of data left the frame out
       } catch (const PeerAbortedError& e) {
         device_.breakWith(e, false);
       } catch (const Error&) {

@@ -77,8 +77,10 @@ class Pair {
   // Best effort: tells the peer why this rank gives up. A message half sent
   // is finished first if the peer takes it by `deadline`, so the abort frame
   // starts at a frame boundary; else the peer just sees the connection close.
-  // `seq`: the collective this rank was in when it failed.
+  // `seq`: the first collective this rank will not finish (checkAbort).
   void sendAbort(const std::string& reason, Deadline deadline, uint64_t seq);
+  // Throws the peer's abort note (a ring's), left where its frame did not fit.
+  void throwIfAbortNoted() const;
 
  private:
   struct SendOp {
@@ -112,7 +114,6 @@ class Pair {
   // unread behind data of the current op; throws its reason if found.
   void throwSalvagedAbort();
   // At the peer's end of the stream: throws the abort note it left, if any.
-  void throwIfAbortNoted() const;
   [[noreturn]] void failClosed() const;  // the note, or "closed by the peer"
   [[noreturn]] void fail(const std::string& what, int err) const;
   // Sends the rest of the half-sent front message; false if not by `deadline`.
