@@ -48,6 +48,17 @@ Outcome timedAllreduce(tcp::Device& d, uint64_t seq, Algorithm algo) {
 }
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A float32 collective #seq of `kind` on d, with a 60 s deadline.
+Collective float32Op(tcp::Device& d, Workspace& ws, uint64_t seq, OpKind kind) {
+  return Collective{d, kind, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60), 1 << 12, 2, ws};
+}
+
+// Waits for `flag`, then 50 ms more, so that the peers have the frames sent before it.
+void waitThenSettle(const std::atomic<bool>& flag) {
+  while (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 // An idle rank aborts while the others wait for it in an all-reduce.
 void testIdleAbort(int n, shm::Mode mode, Algorithm algo) {
   Group g(n, test::over(mode));
@@ -123,13 +134,8 @@ void testAbortAfterFinishing(shm::Mode mode) {
   test::runRanks(3, [&](int r) {
     tcp::Device& d = *g.devices[r];
     Workspace ws;
-    auto collective = [&](uint64_t seq, OpKind kind) {
-      return Collective{d, kind, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60), 1 << 12, 2, ws};
-    };
-    if (r == 2) {
-      while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 has the abort frame
-    }
+    auto collective = [&](uint64_t seq, OpKind kind) { return float32Op(d, ws, seq, kind); };
+    if (r == 2) waitThenSettle(aborted);
     std::vector<float> buf(1000, float(r + 1));
     try {
       reduce(collective(1, OpKind::kReduce), buf.data(), buf.size(), 0, cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
@@ -165,13 +171,8 @@ void testFailureAfterCalibration(shm::Mode mode) {
   test::runRanks(3, [&](int r) {
     tcp::Device& d = *g.devices[r];
     Workspace ws;
-    auto collective = [&](uint64_t seq, OpKind kind) {
-      return Collective{d, kind, DataType::kFloat32, seq, Clock::now() + std::chrono::seconds(60), 1 << 12, 2, ws};
-    };
-    if (r == 2) {
-      while (!failed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 has the abort frame
-    }
+    auto collective = [&](uint64_t seq, OpKind kind) { return float32Op(d, ws, seq, kind); };
+    if (r == 2) waitThenSettle(failed);
     std::vector<float> buf(100, float(r + 1));
     try {  // the group's own op: a reduce to rank 0, which ranks 1 and 2 send to
       reduce(collective(kInternalSeqs, OpKind::kCalibrate), buf.data(), buf.size(), 0,
