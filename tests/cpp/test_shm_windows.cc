@@ -3,8 +3,8 @@
 // naming the missing peer, a peer that leaves), the other collectives'
 // mismatches, hundreds of mixed ops back to back with a lagging rank, with
 // and without reading the peers' buffers in place, buffers refilled at once
-// after an all-gather read in place, and a peer's cancel seen by a windows
-// op, which receives no message.
+// after an all-gather read in place, a peer's cancel seen by a windows
+// op, which receives no message, and the bytes each carrier moved.
 #include <algorithm>
 #include <thread>
 
@@ -240,14 +240,64 @@ void testCancelBeforeWindowsOp() {
 
 }  // namespace
 
+// The counters name the carrier: an all-reduce in the windows moves every
+// rank's bytes once in (sent) and its share out twice (received, reduce and
+// gather): 2(n-1) x bytes received over the group, nothing over the rings.
+// An all-gather read in place moves (n-1) blocks per rank by peer memory.
+void testCountersByCarrier() {
+  const int n = 3;
+  const size_t count = 3 << 20;  // floats: several chunks
+  Group g(n, over(shm::Mode::kShm));
+  std::vector<TransportCounters> before(n), after(n);
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    std::vector<float> buf(count, 1.0f);
+    before[r] = g.devices[r]->counters();
+    Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kFloat32, 1, Clock::now() + std::chrono::seconds(20),
+                 1 << 16, 2, ws};
+    shmAllreduce(c, buf.data(), count, cpuReduceFn(DataType::kFloat32, ReduceOp::kSum));
+    after[r] = g.devices[r]->counters();
+  });
+  const uint64_t bytes = count * sizeof(float);
+  uint64_t sent = 0, received = 0;
+  for (int r = 0; r < n; ++r) {
+    const int w = int(Carrier::kShmWindow);
+    sent += after[r].sent[w] - before[r].sent[w];
+    received += after[r].received[w] - before[r].received[w];
+    CHECK(after[r].bytesSent() - before[r].bytesSent() == after[r].sent[w] - before[r].sent[w],
+          "rank ", r, ": an all-reduce in the windows moved bytes by another carrier");
+  }
+  CHECK(sent == uint64_t(n + 1) * bytes, "windows sent ", sent, ", expected ", (n + 1) * bytes);
+  CHECK(received == uint64_t(2 * (n - 1)) * bytes, "windows received ", received, ", expected ", 2 * (n - 1) * bytes);
+
+  const size_t block = 300000;  // over a half: read in place where peers' memory can be read
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    std::vector<int32_t> buf(n * block, r);
+    before[r] = g.devices[r]->counters();
+    Collective c{*g.devices[r], OpKind::kAllgather, DataType::kInt32, 2, Clock::now() + std::chrono::seconds(20),
+                 1 << 16, 2, ws};
+    shmAllgather(c, buf.data(), block);
+    after[r] = g.devices[r]->counters();
+  });
+  const bool inPlace = g.devices[0]->sharedWindows()->canReadPeers();
+  const int carrier = int(inPlace ? Carrier::kPeerMemory : Carrier::kShmWindow);
+  for (int r = 0; r < n; ++r) {
+    const uint64_t got = after[r].received[carrier] - before[r].received[carrier];
+    CHECK(got == (n - 1) * block * sizeof(int32_t), "rank ", r, ": all_gather received ", got, " by ",
+          name(Carrier(carrier)));
+  }
+}
+
 int main() {
   testWindowsAllreduceFailures();
+  testCountersByCarrier();
   for (bool readPeers : {false, true}) {
     testWindowsMismatch(readPeers);
     testWindowsBackToBack(readPeers);
   }
   testReadInPlaceKeepsBuffers();
   testCancelBeforeWindowsOp();
-  std::printf("shm windows: failures, mismatches, back to back, read in place, cancel ok\n");
+  std::printf("shm windows: failures, mismatches, back to back, read in place, cancel, counters ok\n");
   return 0;
 }

@@ -38,6 +38,7 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
       for (int r = 1; r < n; ++r) {
         if (len > 0) fn(out, chunks.half(r), len);
       }
+      chunks.moved(len * es, size_t(n - 1) * len * es);
     });
     return;
   }
@@ -57,6 +58,7 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
       const size_t a = sliceAt(r), b = sliceAt(r + 1);
       std::memcpy(out + (done + a) * es, chunks.half(r) + a * es, (b - a) * es);
     }
+    chunks.moved((len + hi - lo) * es, (size_t(n - 1) * (hi - lo) + len - (hi - lo)) * es);
   });
 }
 

@@ -67,6 +67,8 @@ class ShmChunks {
 
   void post();
   void reduced();
+  // Bytes this rank wrote into its window for the peers, and copied from theirs.
+  void moved(size_t sent, size_t received) { w_.count(Carrier::kShmWindow, sent, received); }
 
   bool canReadPeers() const { return w_.canReadPeers(); }
   // Runs read() as above, with `source` (this rank's data) posted.
@@ -79,6 +81,8 @@ class ShmChunks {
     gathered();
     waitAll(&WindowControl::gathered, k_ + 1, "read");
   }
+  // This rank's data that `readers` peers copy from its memory (readInPlace).
+  void exposed(size_t bytes, int readers) { w_.count(Carrier::kPeerMemory, bytes * size_t(readers), 0); }
   // Copies the first `bytes` of the data rank r posted into dst.
   void read(int r, void* dst, size_t bytes) {
     w_.readPeer(r, w_.control(r).op[k_ % 2].source.load(std::memory_order_relaxed), dst, bytes);

@@ -53,6 +53,7 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
     for (int r = 0; r < n; ++r) {
       if (r != me && len > 0) fn(dst, chunks.half(r) + size_t(me) * len * es, len);
     }
+    chunks.moved(size_t(n - 1) * len * es, size_t(n - 1) * len * es);
   });
 }
 
@@ -64,6 +65,7 @@ void shmAllgather(const Collective& c, void* out, size_t blockCount) {
   auto block = [&](int r) { return blocks + size_t(r) * blockCount * es; };
 
   if (chunks.canReadPeers() && blockCount > chunks.halfElems()) {
+    chunks.exposed(blockCount * es, n - 1);
     chunks.readInPlace(block(me), [&] {
       for (int i = 1; i < n; ++i) {
         const int r = (me + i) % n;  // not every rank reading rank 0 first
@@ -78,6 +80,7 @@ void shmAllgather(const Collective& c, void* out, size_t blockCount) {
     for (int r = 0; r < n; ++r) {
       if (r != me) std::memcpy(block(r) + done * es, chunks.half(r), len * es);
     }
+    chunks.moved(len * es, size_t(n - 1) * len * es);
   });
 }
 
@@ -93,6 +96,7 @@ void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {
     if (isRoot) std::memcpy(chunks.half(root), data + done * es, len * es);
     chunks.post();
     if (!isRoot) std::memcpy(data + done * es, chunks.half(root), len * es);
+    chunks.moved(isRoot ? len * es : 0, isRoot ? 0 : len * es);
   });
 }
 

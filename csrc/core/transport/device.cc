@@ -294,17 +294,15 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   std::lock_guard<std::mutex> lock(countersMutex_);
   counters_ = {};
   for (auto& p : pairs_) {
-    if (!p) continue;
-    counters_.bytesSent += p->bytesSent();
-    counters_.bytesReceived += p->bytesReceived();
+    if (p) counters_.add(p->usesShm() ? Carrier::kShmRing : Carrier::kTcp, p->bytesSent(), p->bytesReceived());
   }
 }
 
 TransportCounters Device::counters() const {
   TransportCounters c = p2p_->counters();
+  if (windows_) c += windows_->counters();
   std::lock_guard<std::mutex> lock(countersMutex_);
-  c.bytesSent += counters_.bytesSent;
-  c.bytesReceived += counters_.bytesReceived;
+  c += counters_;
   return c;
 }
 

@@ -61,6 +61,11 @@ class SharedWindows {
   // Copies `bytes` from `address` in rank r's memory into dst. Throws Error,
   // breaking the group, if it cannot (the peer died).
   virtual void readPeer(int r, uint64_t address, void* dst, size_t bytes) = 0;
+  // Counts bytes that this rank placed for its peers (its window, or its
+  // memory for readPeer) and copied from theirs: the algorithms move them,
+  // readPeer counts its own reads. counters() may be read from any thread.
+  virtual void count(Carrier c, uint64_t sent, uint64_t received) = 0;
+  virtual TransportCounters counters() const = 0;
 
   // Throws the error that broke the group, if one did (a broken rank must
   // not post, or its peers would take its data for this op's), or breaks it

@@ -26,9 +26,48 @@ struct Frame {
   uint32_t tag;  // algorithm-defined, e.g. step and segment
 };
 
+// The ways bytes move between ranks. A rank counts what it hands to a peer
+// (written to a socket or ring, placed in its window or exposed by address
+// for the peers to read) as sent, and what it takes from a peer (read from a
+// socket or ring, copied out of a peer's window or memory) as received.
+enum class Carrier : uint8_t {
+  kTcp,          // sockets
+  kShmRing,      // the shared-memory rings that stand in for a socket on one host
+  kShmWindow,    // the shared windows of the shm collectives
+  kPeerMemory,   // cross-memory attach (process_vm_readv) of a peer's buffer
+  kDevicePeers,  // the CUDA peers path (device buffers mapped by every rank)
+};
+inline constexpr int kCarriers = 5;
+inline const char* name(Carrier c) {
+  static constexpr const char* kNames[kCarriers] = {"tcp", "shm_ring", "shm_window", "peer_memory", "cuda_peers"};
+  return kNames[int(c)];
+}
+
 struct TransportCounters {
-  uint64_t bytesSent = 0;
-  uint64_t bytesReceived = 0;
+  uint64_t sent[kCarriers] = {};
+  uint64_t received[kCarriers] = {};
+
+  void add(Carrier c, uint64_t bytesSent, uint64_t bytesReceived) {
+    sent[int(c)] += bytesSent;
+    received[int(c)] += bytesReceived;
+  }
+  uint64_t bytesSent() const {
+    uint64_t s = 0;
+    for (uint64_t v : sent) s += v;
+    return s;
+  }
+  uint64_t bytesReceived() const {
+    uint64_t s = 0;
+    for (uint64_t v : received) s += v;
+    return s;
+  }
+  TransportCounters& operator+=(const TransportCounters& o) {
+    for (int i = 0; i < kCarriers; ++i) {
+      sent[i] += o.sent[i];
+      received[i] += o.received[i];
+    }
+    return *this;
+  }
 };
 
 class Transport {

@@ -12,7 +12,12 @@ std::exception_ptr error(const std::string& why) { return std::make_exception_pt
 }  // namespace
 
 void P2PEngine::finish(OpMap& ops, OpMap::iterator it, std::exception_ptr err) {
-  if (!err) (&ops == &sends_ ? bytesSent_ : bytesReceived_) += it->second.buffer.bytes;
+  const Op& op = it->second;
+  const int peer = op.source >= 0 ? op.source : op.peer;
+  if (!err && peer >= 0 && links_[size_t(peer)]) {
+    const int c = int(links_[size_t(peer)]->usesShm() ? Carrier::kShmRing : Carrier::kTcp);
+    (&ops == &sends_ ? sent_[c] : received_[c]).fetch_add(op.buffer.bytes, std::memory_order_relaxed);
+  }
   finished_.push_back({std::move(it->second.done), it->second.source, err});
   ops.erase(it);
 }
