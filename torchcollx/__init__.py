@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
 
-from . import _C
+from . import _C, fr
 from .ddp import CommHookState, comm_hook
 from .options import ALGORITHMS, Options
 from .stats import get_stats, hook_stats
@@ -42,6 +42,7 @@ def _create_backend(dist_options, pg_options):
         opts.transport,
         # enable_reconfigure=True: no members until dist.distributed_c10d._reconfigure.
         not getattr(dist_options, "enable_reconfigure", False),
+        list(getattr(dist_options, "global_ranks_in_group", None) or []),
     )
 
 
@@ -90,6 +91,8 @@ def _serving_every_device(create):
 if hasattr(dist.distributed_c10d, "_create_shrunk_process_group"):
     dist.distributed_c10d._create_shrunk_process_group = _serving_every_device(
         dist.distributed_c10d._create_shrunk_process_group)
+
+fr.install()
 
 if BACKEND_NAME.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

@@ -11,11 +11,13 @@ namespace collx::torch_glue {
 
 c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                                     std::vector<at::Tensor> outputs,
-                                                    std::chrono::milliseconds timeout, Body body, bool collective) {
+                                                    std::chrono::milliseconds timeout, Body body, bool collective,
+                                                    std::vector<at::Tensor> inputs) {
   std::shared_ptr<Staging> staging = Staging::current();
   std::vector<c10::Device> devices;
   if (staging) {
     outputs = staging->deviceOf(outputs);  // the user's tensors, not the mirrors
+    inputs = staging->deviceOf(inputs);
     devices = staging->devices();
     asDistError(name(kind), rank_, [&] {
       staging->recordCaller();
@@ -24,14 +26,19 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   }
   // Drawn after the last check that may throw: a rejected op's number goes to its cancel.
   const uint64_t seq = collective ? ++seq_ : seq_.load();
+  auto trace = std::make_shared<OpTrace>(trace_, pgName(), rank_, size_, name(kind), seq, false,
+                                        inputs.empty() ? outputs : inputs, outputs, timeout);
   auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq, std::move(devices));
   auto describe = [this, kind, dtype, seq, collective] {
     return collx::str("collx ", name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
                       name(dtype), ") failed on rank ", rank_, ": ");
   };
   Executor::Task task;
-  task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging] {
+  task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging, trace] {
     work->markStarted();
+    // The trace's entry completes (or fails) before the Work does.
+    auto running = std::make_optional<OpTrace::Running>(*trace);
+    const TransportCounters before = running->profiling() ? traffic() : TransportCounters{};
     // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
     const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
     Collective c{device(), kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
@@ -42,6 +49,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       if (staging) staging->copyIn();
       std::string label = body(c);
       if (staging) staging->copyOut();
+      running->finish(label, before, running->profiling() ? traffic() : TransportCounters{});
       const double secs = std::chrono::duration<double>(Clock::now() - start).count();
       {
         std::lock_guard<std::mutex> lock(statsMutex_);
@@ -64,11 +72,16 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       error = distError(describe() + e.what());
       if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + e.what());
       const auto failure = device().failure();
-      if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) runAbortHooks();
+      if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) {
+        trace_.dumpOnFailure(e.what(), rank_, size_);
+        runAbortHooks();
+      }
     }
+    running.reset();
     work->complete(error);
   };
-  task.cancel = [this, work, describe](const std::string& why) {
+  task.cancel = [this, work, describe, trace](const std::string& why) {
+    trace->retire();
     if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + why);
     work->complete(distError(describe() + why));
   };
@@ -150,15 +163,19 @@ std::string CollxBackend::describeTuning() const {
   return tuning_.describe(size_, config_.treeArity) + (refined.empty() ? "" : "; " + refined);
 }
 
+TransportCounters CollxBackend::traffic() const {
+  TransportCounters t = peers_->counters();
+  if (device_) t += device_->counters();
+  return t;
+}
+
 Stats CollxBackend::stats() const {
   Stats s;
   {
     std::lock_guard<std::mutex> lock(statsMutex_);
     s = stats_;
   }
-  TransportCounters tc = device_ ? device_->counters() : TransportCounters{};
-  s.bytesSent = tc.bytesSent;
-  s.bytesReceived = tc.bytesReceived;
+  s.traffic = traffic();
   return s;
 }
 

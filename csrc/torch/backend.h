@@ -21,6 +21,7 @@
 #include "log.h"
 #include "peer_allreduce.h"
 #include "staging.h"
+#include "tracing.h"
 
 namespace collx::torch_glue {
 
@@ -42,6 +43,7 @@ struct Config {
   size_t peerBufferBytes = kPeerBufferBytes;            // COLLX_PEER_BUFFER_BYTES (peer_allreduce.h)
   size_t peerMinBytes = kPeerMinBytes;                  // COLLX_PEER_MIN_BYTES (staging.h)
   LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
+  std::vector<uint64_t> globalRanks;  // of each rank of the group, for traces (tracing.h)
   TuningPolicy tuning;  // COLLX_TUNING: calibrate (default), table, or a file (core/algorithms/calibrate.h)
 };
 
@@ -52,8 +54,7 @@ struct OpStats {
 
 struct Stats {
   uint64_t ops = 0;
-  uint64_t bytesSent = 0;
-  uint64_t bytesReceived = 0;
+  TransportCounters traffic;  // bytes to and from the peers, by carrier
   uint64_t stagedOps = 0;         // ops on device tensors, run through host mirrors
   uint64_t deviceReductions = 0;  // reductions of those ops that ran on the device
   uint64_t inTensorReductions = 0;  // those of them that reduced into the user's tensor
@@ -168,6 +169,7 @@ class CollxBackend : public c10d::Backend {
                                            const c10::intrusive_ptr<c10d::Backend::Options>& opts = nullptr);
 
   Stats stats() const;
+  TransportCounters traffic() const;  // bytes to and from the peers, by carrier
   const std::string& transportNote() const { return device().transportNote(); }
   const Config& config() const { return config_; }
   // Host index of every rank, from the addresses the ranks published
@@ -198,9 +200,12 @@ class CollxBackend : public c10d::Backend {
   void log(LogLevel level, const std::string& message) const { logLine(level, rank_, size_, message); }
 
   // Queues a collective (numbered in the group's sequence) or a p2p op.
+  // `inputs`, for traces: the op's inputs where they are not its outputs.
   c10::intrusive_ptr<CollxWork> enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
-                                        Body body, bool collective = true);
+                                        Body body, bool collective = true, std::vector<at::Tensor> inputs = {});
+  // The group's name and description, as torch set them.
+  PgName pgName() const { return {getGroupUid(), getGroupDesc()}; }
   // Device tensors (and CPU ones under stageCpuTensors) get a Staging; the
   // op then reruns itself on host mirrors inside runStaged. Null: run as is.
   std::shared_ptr<Staging> stagingFor(const std::vector<at::Tensor>& tensors, const char* op);
@@ -261,6 +266,8 @@ class CollxBackend : public c10d::Backend {
   std::string abortedMessage() const;
 
   const Config config_;
+  GroupTrace trace_{config_.globalRanks};  // its identity in torch's profiler and flight recorder
+  std::atomic<uint64_t> p2pSeq_{0};        // p2p ops posted, for the flight recorder
   const c10::intrusive_ptr<c10d::Store> store_;  // the group's; shrink meets in it
   std::atomic<std::chrono::milliseconds> timeout_;
   std::atomic<bool> timeoutSet_{false};  // by dist.set_timeout

@@ -121,8 +121,8 @@ void CollxBackend::shutdown() {
   if (!lockLifecycle(lock)) return;
   if (!shutDown_.exchange(true) && logs(LogLevel::kInfo)) {
     const Stats s = stats();
-    log(LogLevel::kInfo, collx::str("shutting down after ", s.ops, " ops (sent ", s.bytesSent, " B, received ",
-                                    s.bytesReceived, " B)"));
+    log(LogLevel::kInfo, collx::str("shutting down after ", s.ops, " ops (sent ", s.traffic.bytesSent(), " B, received ",
+                                    s.traffic.bytesReceived(), " B)"));
   }
   destroyed_ = true;
   // An op still in flight is failed, not waited for: its peers may be gone.

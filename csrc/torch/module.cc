@@ -78,7 +78,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
                                                 int size, double timeoutSeconds, const std::string& algorithm,
                                                 int treeArity, int64_t segmentBytes, const std::string& ifname,
                                                 const std::string& family, const std::string& transport,
-                                                bool connected) {
+                                                bool connected, std::vector<uint64_t> globalRanks) {
   collx::torch_glue::Config config;
   try {
     config.algorithm = collx::parseAlgorithm(algorithm.c_str());
@@ -90,6 +90,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   config.treeArity = treeArity;
   config.segmentBytes = size_t(segmentBytes);
   config.ifname = ifname;
+  config.globalRanks = std::move(globalRanks);
   // A test knob, so read here rather than in Options: CPU tensors take the
   // CUDA tensors' staging path (see staging.h).
   config.stageCpuTensors = flag("COLLX_STAGE_CPU_TENSORS", false);
@@ -130,8 +131,17 @@ py::dict statsOf(const CollxBackend& b) {
   }
   py::dict out;
   out["ops"] = s.ops;
-  out["bytes_sent"] = s.bytesSent;
-  out["bytes_received"] = s.bytesReceived;
+  out["bytes_sent"] = s.traffic.bytesSent();
+  out["bytes_received"] = s.traffic.bytesReceived();
+  py::dict carriers;  // only those that moved bytes
+  for (int i = 0; i < collx::kCarriers; ++i) {
+    if (s.traffic.sent[i] == 0 && s.traffic.received[i] == 0) continue;
+    py::dict d;
+    d["bytes_sent"] = s.traffic.sent[i];
+    d["bytes_received"] = s.traffic.received[i];
+    carriers[py::str(collx::name(collx::Carrier(i)))] = d;
+  }
+  out["carriers"] = carriers;
   out["staged_ops"] = s.stagedOps;
   out["device_reductions"] = s.deviceReductions;
   out["device_reductions_in_tensor"] = s.inTensorReductions;
@@ -189,7 +199,16 @@ PYBIND11_MODULE(_C, m) {
       });
   m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout_seconds"), py::arg("algorithm"), py::arg("tree_arity"), py::arg("segment_bytes"),
-        py::arg("ifname"), py::arg("family") = "", py::arg("transport") = "auto", py::arg("connected") = true);
+        py::arg("ifname"), py::arg("family") = "", py::arg("transport") = "auto", py::arg("connected") = true,
+        py::arg("global_ranks") = std::vector<uint64_t>{});
+  m.def(
+      "dump_fr_trace",
+      [](bool includeCollectives, bool includeStackTraces, bool onlyActive) {
+        return py::bytes(collx::torch_glue::Recorder::get().dump(includeCollectives, includeStackTraces, onlyActive));
+      },
+      py::arg("include_collectives") = true, py::arg("include_stack_traces") = true, py::arg("only_active") = false,
+      "collx's flight recorder (tracing.h) in torch's pickled dump format.");
+
   m.def(
       "choose_allreduce",
       [](int worldSize, int treeArity, size_t nbytes, int hosts) {

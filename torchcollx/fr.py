@@ -1,0 +1,174 @@
+"""collx's flight recorder in torch's dumps, and an analyzer of per-rank dumps.
+
+collx records its ops in a flight recorder of torch's own format (see
+``csrc/torch/tracing.h`` for why it is not torch's instance). Importing
+torchcollx makes ``torch._C._distributed_c10d._dump_fr_trace`` (and its JSON
+form) return torch's entries and collx's together.
+
+A failed op writes each rank's dump to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``
+when ``TORCH_FR_BUFFER_SIZE`` is set above 0. torch's analyzer refuses
+backend names it does not list, so::
+
+    python -m torchcollx.fr DUMP_PREFIX
+
+reads every rank's dump and prints the first op that not every rank
+completed, which ranks never reached it, and any mismatch in op, size or dtype.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import pickle
+import sys
+
+import torch
+
+from . import _C
+
+_c10d = torch._C._distributed_c10d
+
+
+def _merged(theirs: dict, ours: dict) -> dict:
+    out = dict(theirs)
+    for key in ("pg_config", "pg_status"):
+        out[key] = {**theirs.get(key, {}), **ours.get(key, {})}
+    entries = list(theirs.get("entries", [])) + list(ours.get("entries", []))
+    if entries or "entries" in theirs or "entries" in ours:
+        out["entries"] = sorted(entries, key=lambda e: e.get("time_created_ns", 0))
+    return out
+
+
+def _with_collx(dump, dump_json):
+    @functools.wraps(dump)
+    def dump_fr_trace(includeCollectives=None, includeStackTraces=None, onlyActive=None):
+        flags = [True if v is None else bool(v) for v in (includeCollectives, includeStackTraces)]
+        only = bool(onlyActive)
+        theirs = pickle.loads(dump(includeCollectives, includeStackTraces, onlyActive))
+        ours = pickle.loads(_C.dump_fr_trace(flags[0], flags[1], only))
+        return pickle.dumps(_merged(theirs, ours))
+
+    @functools.wraps(dump_json)
+    def dump_fr_trace_json(includeCollectives=None, onlyActive=None):
+        theirs = json.loads(dump_json(includeCollectives, onlyActive))
+        ours = pickle.loads(_C.dump_fr_trace(True if includeCollectives is None else bool(includeCollectives),
+                                             False, bool(onlyActive)))
+        for e in ours.get("entries", []):  # torch's JSON form: 0 for a time not yet seen
+            for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+                e[key] = e[key] or 0
+        return json.dumps(_merged(theirs, ours)).encode()
+
+    dump_fr_trace._collx = dump_fr_trace_json._collx = True
+    return dump_fr_trace, dump_fr_trace_json
+
+
+def install() -> None:
+    """Makes torch's dump functions include collx's entries (once)."""
+    if getattr(_c10d._dump_fr_trace, "_collx", False):
+        return
+    _c10d._dump_fr_trace, _c10d._dump_fr_trace_json = _with_collx(_c10d._dump_fr_trace, _c10d._dump_fr_trace_json)
+
+
+# --- the analyzer -------------------------------------------------------------
+
+def load(prefix: str) -> dict[int, dict]:
+    """Every rank's dump at ``prefix<rank>``, by global rank."""
+    dumps = {}
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        tail = path[len(prefix):]
+        if not tail.isdigit():
+            continue
+        with open(path, "rb") as f:
+            dumps[int(tail)] = pickle.load(f)
+    return dumps
+
+
+def _ranges(ranks) -> str:
+    ranks = sorted(ranks)
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def analyze(dumps: dict[int, dict]) -> list[str]:
+    """Lines naming, per collx group, the first collective that not every
+    member completed, who never reached it, and mismatches before it."""
+    lines = []
+    groups: dict[str, list[int]] = {}
+    for d in dumps.values():
+        for name, cfg in d.get("pg_config", {}).items():
+            groups[name] = json.loads(cfg["ranks"]) if isinstance(cfg["ranks"], str) else list(cfg["ranks"])
+    for group, members in sorted(groups.items()):
+        # Each member's collectives in this group by sequence number.
+        seen: dict[int, dict[int, dict]] = {}
+        for rank in members:
+            entries = dumps.get(rank, {}).get("entries", [])
+            seen[rank] = {e["collective_seq_id"]: e for e in entries
+                          if not e["is_p2p"] and e["process_group"][0] == group
+                          and e["profiling_name"].startswith("collx:")}
+        dumped = [r for r in members if r in dumps]
+        if not dumped:
+            continue
+        missing_dumps = [r for r in members if r not in dumps]
+        seqs = sorted(set().union(*(seen[r].keys() for r in dumped)))
+        oldest = {r: min(seen[r]) for r in dumped if seen[r]}
+        first = None
+        for seq in seqs:
+            at = {r: seen[r].get(seq) for r in dumped}
+            # A rank whose buffer starts after seq says nothing of it.
+            known = {r: e for r, e in at.items() if e is not None or (r in oldest and seq > oldest[r])}
+            kinds = {(e["profiling_name"], json.dumps(e["input_sizes"]), tuple(e["input_dtypes"]))
+                     for e in known.values() if e is not None}
+            if len(kinds) > 1:
+                detail = "; ".join(f"rank {r}: {e['profiling_name']} {e['input_sizes']} {e['input_dtypes']}"
+                                   for r, e in sorted(known.items()) if e is not None)
+                lines.append(f"group {group}: mismatch at #{seq}: {detail}")
+            if first is None and (missing_dumps or any(e is None or e["state"] != "completed"
+                                                       for e in known.values())):
+                first = (seq, known)
+        if first is None:
+            lines.append(f"group {group}: every rank completed every recorded op")
+            continue
+        seq, known = first
+        op = next(e["profiling_name"] for e in known.values() if e is not None).split(":", 1)[1]
+        never = sorted([r for r, e in known.items() if e is None] + missing_dumps)
+        states = {}
+        for r, e in known.items():
+            if e is not None:
+                states.setdefault(e["state"], []).append(r)
+        for r in never:
+            why = "no dump" if r in missing_dumps else f"its last op: {_last(seen[r])}"
+            lines.append(f"rank {r} never reached {op} #{seq} ({why})")
+        summary = ", ".join(f"ranks {_ranges(rs)} {state}" for state, rs in sorted(states.items()))
+        lines.append(f"group {group}: {op} #{seq}: {summary}")
+    return lines
+
+
+def _last(entries: dict[int, dict]) -> str:
+    if not entries:
+        return "none recorded"
+    e = entries[max(entries)]
+    return f"{e['profiling_name'].split(':', 1)[1]} #{e['collective_seq_id']}, {e['state']}"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: python -m torchcollx.fr DUMP_PREFIX   (the files DUMP_PREFIX<rank>)", file=sys.stderr)
+        return 2
+    dumps = load(argv[0])
+    if not dumps:
+        print(f"no dumps at {argv[0]}<rank>", file=sys.stderr)
+        return 1
+    for line in analyze(dumps):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
