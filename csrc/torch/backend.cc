@@ -36,6 +36,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   Executor::Task task;
   task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging, trace] {
     work->markStarted();
+    if (collective) device().noteProgress(seq, kind, false);
     // The trace's entry completes (or fails) before the Work does.
     auto running = std::make_optional<OpTrace::Running>(*trace);
     const TransportCounters before = running->profiling() ? traffic() : TransportCounters{};
@@ -50,6 +51,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       std::string label = body(c);
       if (staging) staging->copyOut();
       running->finish(label, before, running->profiling() ? traffic() : TransportCounters{});
+      if (collective) device().noteProgress(seq, kind, true);
       const double secs = std::chrono::duration<double>(Clock::now() - start).count();
       {
         std::lock_guard<std::mutex> lock(statsMutex_);
@@ -69,11 +71,12 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
                                          millis(secs * 1e3), " ms"));
       }
     } catch (const std::exception& e) {
-      error = distError(describe() + e.what());
-      if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + e.what());
       const auto failure = device().failure();
+      const std::string why = (failure == tcp::Device::Failure::kTimeout ? whoIsMissing(timeout) : "") + e.what();
+      error = distError(describe() + why);
+      if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + why);
       if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) {
-        trace_.dumpOnFailure(e.what(), rank_, size_);
+        trace_.dumpOnFailure(why, rank_, size_);
         runAbortHooks();
       }
     }
@@ -91,6 +94,26 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     return 0;
   });
   return work;
+}
+
+std::string CollxBackend::whoIsMissing(std::chrono::milliseconds timeout) const {
+  const std::vector<int> missing = device().missing();
+  if (missing.empty()) return "";
+  std::string s = collx::str("timed out after ", timeout.count(), " ms with no data from ");
+  for (size_t i = 0; i < missing.size(); ++i) {
+    const int r = missing[i];
+    s += collx::str(i ? ", " : "", "rank ", r);
+    // Its last word, where it can be read without it (peers on this host).
+    if (const auto p = device().peerProgress(r)) {
+      if (p->started == 0) {
+        s += " (it started no op)";
+      } else {
+        s += collx::str(" (its last op: ", name(p->startedKind), " #", p->started,
+                        p->completed == p->started ? ", completed)" : ", in flight)");
+      }
+    }
+  }
+  return s + ". ";
 }
 
 std::shared_ptr<Staging> CollxBackend::stagingFor(const std::vector<at::Tensor>& tensors, const char* op) {

@@ -195,6 +195,9 @@ class CollxBackend : public c10d::Backend {
   template <typename Fn>
   c10::intrusive_ptr<c10d::Work> validated(OpKind kind, bool callerWaits, Fn&& fn);
   void cancelRejected(OpKind kind, const std::exception& e);
+  // After a timeout broke the group: "timed out after N ms with no data
+  // from rank r (its last op: ...). ", naming the peers its wait lacked.
+  std::string whoIsMissing(std::chrono::milliseconds timeout) const;
 
   bool logs(LogLevel level) const { return config_.logLevel >= level; }
   void log(LogLevel level, const std::string& message) const { logLine(level, rank_, size_, message); }

@@ -110,7 +110,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
       return label;
     };
     return enqueue(c10d::OpType::ALLGATHER, OpKind::kAllgather, dtype, all, opTimeout(opts.timeout, timeout()),
-                   std::move(body));
+                   std::move(body), true, inputs);
   });
 }
 
@@ -152,7 +152,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
       return label;
     };
     return enqueue(c10d::OpType::_ALLGATHER_BASE, OpKind::kAllgather, dtype, outputs,
-                   opTimeout(opts.timeout, timeout()), std::move(body));
+                   opTimeout(opts.timeout, timeout()), std::move(body), true, inputs);
   });
 }
 
@@ -197,7 +197,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::gather(std::vector<std::vector<at::
       return std::string("gather/direct");
     };
     return enqueue(c10d::OpType::GATHER, OpKind::kGather, dtype, outs, opTimeout(opts.timeout, timeout()),
-                   std::move(body));
+                   std::move(body), true, inputs);
   });
 }
 
@@ -240,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::scatter(std::vector<at::Tensor>& ou
       return std::string("scatter/direct");
     };
     return enqueue(c10d::OpType::SCATTER, OpKind::kScatter, dtype, outputs, opTimeout(opts.timeout, timeout()),
-                   std::move(body));
+                   std::move(body), true, allOf(inputs));
   });
 }
 
@@ -305,7 +305,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
       return std::string("all_to_all/direct");
     };
     return enqueue(c10d::OpType::ALLTOALL_BASE, OpKind::kAllToAll, dtype, {output}, opTimeout(opts.timeout, timeout()),
-                   std::move(body));
+                   std::move(body), true, {input});
   });
 }
 
@@ -350,7 +350,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall(std::vector<at::Tensor>& o
       return std::string("all_to_all/direct");
     };
     return enqueue(c10d::OpType::ALLTOALL, OpKind::kAllToAll, dtype, outputs, opTimeout(opts.timeout, timeout()),
-                   std::move(body));
+                   std::move(body), true, inputs);
   });
 }
 

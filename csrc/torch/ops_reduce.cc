@@ -203,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
       return reduceScatterInto(copies_, c, r, dtype, in, out);
     };
     return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
-                   opTimeout(opts.timeout, timeout()), std::move(body));
+                   opTimeout(opts.timeout, timeout()), std::move(body), true, allOf(inputs));
   });
 }
 
@@ -247,7 +247,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
       return label;
     };
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, OpKind::kReduceScatter, dtype, outputs,
-                   opTimeout(opts.timeout, timeout()), std::move(body));
+                   opTimeout(opts.timeout, timeout()), std::move(body), true, inputs);
   });
 }
 

@@ -122,7 +122,8 @@ void Recorder::retire(uint64_t id, bool completed) {
   }
 }
 
-std::string Recorder::dump(bool includeCollectives, bool includeStackTraces, bool onlyActive) {
+std::string Recorder::dump(bool includeCollectives, bool includeStackTraces, bool onlyActive,
+                           const std::string& failure) {
   std::vector<Entry> entries;
   auto result = newDict();
   {
@@ -152,6 +153,7 @@ std::string Recorder::dump(bool includeCollectives, bool includeStackTraces, boo
     result.insert("pg_config", config);
     result.insert("comm_lib_version", "collx");
     result.insert("pg_status", status);
+    if (!failure.empty()) result.insert("collx_failure", failure);
   }
   if (!includeCollectives) return pickled(result);
 

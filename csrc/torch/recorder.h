@@ -49,8 +49,10 @@ class Recorder {
   // Out of flight: completed now, or left as it is (failed, or never run).
   void retire(uint64_t id, bool completed);
 
-  // torch's pickled dump (dump_fr_trace's format).
-  std::string dump(bool includeCollectives, bool includeStackTraces, bool onlyActive);
+  // torch's pickled dump (dump_fr_trace's format); `failure`, when given,
+  // under "collx_failure": the error that made a rank write it.
+  std::string dump(bool includeCollectives, bool includeStackTraces, bool onlyActive,
+                   const std::string& failure = "");
 
  private:
   Recorder();

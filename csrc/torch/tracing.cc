@@ -40,7 +40,7 @@ void GroupTrace::dumpOnFailure(const std::string& why, int rank, int size) {
     // Without stack traces: symbolizing Python frames takes the GIL, which
     // the thread waiting on this op may hold. torch's writer: the file
     // $TORCH_FR_DUMP_TEMP_FILE<global rank>.
-    c10d::DebugInfoWriter::getWriter(int(ranks(size).at(size_t(rank)))).write(Recorder::get().dump(true, false, false));
+    c10d::DebugInfoWriter::getWriter(int(ranks(size).at(size_t(rank)))).write(Recorder::get().dump(true, false, false, why));
   } catch (const std::exception& e) {
     LOG(WARNING) << "collx: could not write the flight recorder's dump after '" << why << "': " << e.what();
   }

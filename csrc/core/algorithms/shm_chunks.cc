@@ -36,9 +36,13 @@ void ShmChunks::waitAll(Counter which, uint64_t k, const char* step) {
       c_.deadline,
       [&] {
         std::string who;
+        std::vector<int> lagging;
         for (int r = 0; r < n; ++r) {
-          if ((w.control(r).*which).load() < k) who += str(who.empty() ? "" : ", ", r);
+          if ((w.control(r).*which).load() >= k) continue;
+          who += str(who.empty() ? "" : ", ", r);
+          lagging.push_back(r);
         }
+        w.noteMissing(std::move(lagging));
         return str("peer(s) ", who, " to have ", step, " ", k, " chunk(s) in shared memory (", name(c_.kind), " #",
                    c_.seq, ")");
       });

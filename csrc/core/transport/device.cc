@@ -198,9 +198,15 @@ void Device::breakGroup(const std::string& why, Failure kind, Deadline grace, ui
 
 void Device::timeout() {
   std::string what;
+  std::vector<int> waited;
   for (auto& p : pairs_) {
     if (!p || (!p->wantsRead() && !p->wantsWrite())) continue;
     what += str(what.empty() ? "" : "; ", "peer ", p->peer(), ": ", p->describePending());
+    waited.push_back(p->peer());
+  }
+  {
+    std::lock_guard<std::mutex> lock(progressMutex_);
+    missing_ = std::move(waited);
   }
   breakWith(TimeoutError(str("collx rank ", rank_, ": Timed out waiting for ", what)), true);
 }
@@ -296,6 +302,29 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   for (auto& p : pairs_) {
     if (p) counters_.add(p->usesShm() ? Carrier::kShmRing : Carrier::kTcp, p->bytesSent(), p->bytesReceived());
   }
+}
+
+void Device::noteProgress(uint64_t seq, OpKind kind, bool completed) {
+  if (!windows_) return;
+  WindowControl& me = windows_->control(rank_);
+  if (completed) {
+    me.completed.store(seq, std::memory_order_relaxed);
+  } else {
+    me.startedKind.store(uint32_t(kind), std::memory_order_relaxed);
+    me.started.store(seq, std::memory_order_relaxed);
+  }
+}
+
+std::optional<Device::Progress> Device::peerProgress(int r) const {
+  if (!windows_) return std::nullopt;
+  const WindowControl& c = windows_->control(r);
+  return Progress{c.started.load(std::memory_order_relaxed), c.completed.load(std::memory_order_relaxed),
+                  OpKind(c.startedKind.load(std::memory_order_relaxed))};
+}
+
+std::vector<int> Device::missing() const {
+  std::lock_guard<std::mutex> lock(progressMutex_);
+  return missing_;
 }
 
 TransportCounters Device::counters() const {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -78,6 +79,19 @@ class Device : public Transport {
   enum class Failure { kNone, kTimeout, kRemote, kLocal, kAborted };
   Failure failure() const { return failure_.load(); }
 
+  // For a timeout's report. noteProgress: this rank started or completed
+  // the user's collective #seq (peers on this host read it in shared
+  // memory); peerProgress: what peer r last noted, where it can be read.
+  struct Progress {
+    uint64_t started = 0, completed = 0;
+    OpKind startedKind = OpKind::kAllreduce;
+  };
+  void noteProgress(uint64_t seq, OpKind kind, bool completed);
+  std::optional<Progress> peerProgress(int r) const;
+  // The peers whose data (or reading) the wait that broke the group waited
+  // for; empty if it broke otherwise. Thread-safe.
+  std::vector<int> missing() const;
+
  private:
   void throwIfBroken() const;
   void closeSockets();
@@ -123,6 +137,8 @@ class Device : public Transport {
   std::atomic<bool> interrupted_{false};
   std::string interruptReason_;  // under socketsMutex_, set before interrupted_
   std::atomic<Failure> failure_{Failure::kNone};
+  mutable std::mutex progressMutex_;
+  std::vector<int> missing_;  // under progressMutex_
   mutable std::mutex countersMutex_;  // counters() may be read from another thread
   TransportCounters counters_;
 };

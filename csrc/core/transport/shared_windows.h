@@ -30,6 +30,13 @@ struct alignas(64) WindowControl {
   char pad2[56];
   std::atomic<uint64_t> gathered;
   char pad3[56];
+  // The user's collective this rank last started and last completed, and
+  // the kind of the one started, for a peer's timeout report: a peer stopped
+  // or stuck elsewhere cannot answer, but its last word stays here.
+  std::atomic<uint64_t> started;
+  std::atomic<uint64_t> completed;
+  std::atomic<uint32_t> startedKind;
+  char pad4[44];
   // The op of the chunk in each half, which every peer checks before any
   // result is written. Per half: a rank may post its next chunk, in the other
   // half, before a slower peer has checked this one.
@@ -82,6 +89,8 @@ class SharedWindows {
                        const std::function<std::string()>& what) = 0;
   // Breaks the group with `why` (peers waiting on it fail with the reason).
   [[noreturn]] virtual void fail(const std::string& why) = 0;
+  // The peers a wait that failed was waiting for (Device::missing).
+  virtual void noteMissing(std::vector<int> ranks) = 0;
 };
 
 }  // namespace collx

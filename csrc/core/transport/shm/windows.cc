@@ -99,6 +99,11 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
   }
 }
 
+void Device::Windows::noteMissing(std::vector<int> ranks) {
+  std::lock_guard<std::mutex> lock(device_.progressMutex_);
+  device_.missing_ = std::move(ranks);
+}
+
 TransportCounters Device::Windows::counters() const {
   TransportCounters c;
   for (int i = 0; i < kCarriers; ++i) {

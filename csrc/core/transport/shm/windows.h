@@ -33,6 +33,7 @@ class Device::Windows : public SharedWindows {
   void waitFor(const std::function<bool()>& ready, Deadline deadline,
                const std::function<std::string()>& what) override;
   [[noreturn]] void fail(const std::string& why) override;
+  void noteMissing(std::vector<int> ranks) override;
 
  private:
   static constexpr size_t kControlBytes = 4096;

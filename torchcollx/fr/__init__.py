@@ -1,13 +1,15 @@
 """collx's flight recorder in torch's dumps, and an analyzer of per-rank dumps.
 
 collx records its ops in a flight recorder of torch's own format (see
-``csrc/torch/tracing.h`` for why it is not torch's instance). Importing
+``csrc/torch/recorder.h`` for why it is not torch's instance). Importing
 torchcollx makes ``torch._C._distributed_c10d._dump_fr_trace`` (and its JSON
 form) return torch's entries and collx's together.
 
 A failed op writes each rank's dump to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``
-when ``TORCH_FR_BUFFER_SIZE`` is set above 0. torch's analyzer refuses
-backend names it does not list, so::
+when ``TORCH_FR_BUFFER_SIZE`` is set above 0, with the failure's text under
+``collx_failure``.
+
+torch's analyzer refuses backend names it does not list, so::
 
     python -m torchcollx.fr DUMP_PREFIX
 
@@ -20,11 +22,11 @@ import functools
 import glob
 import json
 import pickle
-import sys
+import re
 
 import torch
 
-from . import _C
+from .. import _C
 
 _c10d = torch._C._distributed_c10d
 
@@ -115,6 +117,13 @@ def analyze(dumps: dict[int, dict]) -> list[str]:
         if not dumped:
             continue
         missing_dumps = [r for r in members if r not in dumps]
+        # What the ranks that failed said: the peers their waits lacked.
+        blamed = set()
+        for r in dumped:
+            for m in re.finditer(r"no data from ((?:rank \d+[^,.]*(?:, )?)+)|peer\(s\) ([\d, ]+) to have",
+                                 dumps[r].get("collx_failure", "")):
+                blamed.update(int(x) for x in re.findall(r"rank (\d+)", m.group(1) or ""))
+                blamed.update(int(x) for x in re.findall(r"\d+", m.group(2) or ""))
         seqs = sorted(set().union(*(seen[r].keys() for r in dumped)))
         oldest = {r: min(seen[r]) for r in dumped if seen[r]}
         first = None
@@ -128,11 +137,12 @@ def analyze(dumps: dict[int, dict]) -> list[str]:
                 detail = "; ".join(f"rank {r}: {e['profiling_name']} {e['input_sizes']} {e['input_dtypes']}"
                                    for r, e in sorted(known.items()) if e is not None)
                 lines.append(f"group {group}: mismatch at #{seq}: {detail}")
-            if first is None and (missing_dumps or any(e is None or e["state"] != "completed"
-                                                       for e in known.values())):
+            if first is None and any(e is None or e["state"] != "completed" for e in known.values()):
                 first = (seq, known)
         if first is None:
-            lines.append(f"group {group}: every rank completed every recorded op")
+            done = "every rank that dumped completed every recorded op"
+            lines.append(f"group {group}: {done}" + (f"; no dump from ranks {_ranges(missing_dumps)}"
+                                                     if missing_dumps else ""))
             continue
         seq, known = first
         op = next(e["profiling_name"] for e in known.values() if e is not None).split(":", 1)[1]
@@ -142,8 +152,12 @@ def analyze(dumps: dict[int, dict]) -> list[str]:
             if e is not None:
                 states.setdefault(e["state"], []).append(r)
         for r in never:
-            why = "no dump" if r in missing_dumps else f"its last op: {_last(seen[r])}"
-            lines.append(f"rank {r} never reached {op} #{seq} ({why})")
+            if r not in missing_dumps:
+                lines.append(f"rank {r} never reached {op} #{seq} (its last op: {_last(seen[r])})")
+            elif r in blamed:
+                lines.append(f"rank {r} never reached {op} #{seq} (no dump; the others' waits lacked its data)")
+            else:
+                lines.append(f"rank {r}: no dump (stopped, dead, or still running {op} #{seq} or earlier)")
         summary = ", ".join(f"ranks {_ranges(rs)} {state}" for state, rs in sorted(states.items()))
         lines.append(f"group {group}: {op} #{seq}: {summary}")
     return lines
@@ -154,21 +168,3 @@ def _last(entries: dict[int, dict]) -> str:
         return "none recorded"
     e = entries[max(entries)]
     return f"{e['profiling_name'].split(':', 1)[1]} #{e['collective_seq_id']}, {e['state']}"
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m torchcollx.fr DUMP_PREFIX   (the files DUMP_PREFIX<rank>)", file=sys.stderr)
-        return 2
-    dumps = load(argv[0])
-    if not dumps:
-        print(f"no dumps at {argv[0]}<rank>", file=sys.stderr)
-        return 1
-    for line in analyze(dumps):
-        print(line)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
