@@ -89,6 +89,11 @@ def _recorded(rank, ws):
     out = [torch.zeros(5, dtype=torch.int32) for _ in range(ws)]
     dist.all_gather(out, torch.ones(5, dtype=torch.int32))
     done = [e for e in _dump()["entries"] if e["profiling_name"].startswith("collx:")]
+    right, left = (rank + 1) % ws, (rank - 1) % ws
+    works = [dist.isend(torch.ones(6), right), dist.irecv(torch.zeros(6), left)]
+    for w in works:
+        w.wait()
+    p2p = [e for e in _dump()["entries"] if e["is_p2p"]]
     # An op in flight: rank 0's all-reduce waits while the others hold back.
     in_flight = None
     if rank == 0:
@@ -100,7 +105,7 @@ def _recorded(rank, ws):
         time.sleep(1.0)
         dist.all_reduce(torch.ones(7))
     after = [e for e in _dump()["entries"] if e["profiling_name"].startswith("collx:")][-1]
-    return {"done": done, "in_flight": in_flight, "after": after}
+    return {"done": done, "p2p": p2p, "in_flight": in_flight, "after": after}
 
 
 @pytest.mark.parametrize("ws", WORLD_SIZES, ids=lambda ws: f"ws{ws}")
@@ -123,6 +128,12 @@ def test_flight_recorder_lists_collx_ops_with_their_states(ws):
             assert e["duration_ms"] >= 0 and e["process_group"] == ("0", "default_pg"), e
             assert e["frames"], "the entry has the caller's Python stack"
         assert r["after"]["state"] == "completed" and r["after"]["input_sizes"] == [[7]], r["after"]
+        p2p = {e["profiling_name"]: e for e in r["p2p"]}
+        send, recv = p2p[f"collx:send {rank}->{(rank + 1) % ws}"], p2p[f"collx:recv {rank}<-{(rank - 1) % ws}"]
+        assert send["input_sizes"] == [[6]] and recv["output_sizes"] == [[6]], (send, recv)
+        assert sorted([send["p2p_seq_id"], recv["p2p_seq_id"]]) == [1, 2], (send, recv)
+        for e in (send, recv):
+            assert e["state"] == "completed" and e["collective_seq_id"] == 0, e
         if rank == 0:
             e = r["in_flight"]
             assert e["profiling_name"] == "collx:all_reduce" and e["state"] == "started", e

@@ -26,8 +26,11 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   }
   // Drawn after the last check that may throw: a rejected op's number goes to its cancel.
   const uint64_t seq = collective ? ++seq_ : seq_.load();
-  auto trace = std::make_shared<OpTrace>(trace_, pgName(), rank_, size_, name(kind), seq, false,
-                                        inputs.empty() ? outputs : inputs, outputs, timeout);
+  std::shared_ptr<OpTrace> trace;
+  if (config_.tracing && OpTrace::wanted()) {
+    trace = std::make_shared<OpTrace>(trace_, pgName(), rank_, size_, name(kind), seq, false,
+                                      inputs.empty() ? outputs : inputs, outputs, timeout);
+  }
   auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq, std::move(devices));
   auto describe = [this, kind, dtype, seq, collective] {
     return collx::str("collx ", name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
@@ -38,8 +41,10 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     work->markStarted();
     if (collective) device().noteProgress(seq, kind, false);
     // The trace's entry completes (or fails) before the Work does.
-    auto running = std::make_optional<OpTrace::Running>(*trace);
-    const TransportCounters before = running->profiling() ? traffic() : TransportCounters{};
+    std::optional<OpTrace::Running> running;
+    if (trace) running.emplace(*trace);
+    const bool profiling = running && running->profiling();
+    const TransportCounters before = profiling ? traffic() : TransportCounters{};
     // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
     const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
     Collective c{device(), kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
@@ -50,7 +55,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
       if (staging) staging->copyIn();
       std::string label = body(c);
       if (staging) staging->copyOut();
-      running->finish(label, before, running->profiling() ? traffic() : TransportCounters{});
+      if (running) running->finish(label, before, profiling ? traffic() : TransportCounters{});
       if (collective) device().noteProgress(seq, kind, true);
       const double secs = std::chrono::duration<double>(Clock::now() - start).count();
       {
@@ -84,7 +89,7 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     work->complete(error);
   };
   task.cancel = [this, work, describe, trace](const std::string& why) {
-    trace->retire();
+    if (trace) trace->retire();
     if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + why);
     work->complete(distError(describe() + why));
   };

@@ -44,6 +44,7 @@ struct Config {
   size_t peerMinBytes = kPeerMinBytes;                  // COLLX_PEER_MIN_BYTES (staging.h)
   LogLevel logLevel = LogLevel::kOff;                    // COLLX_DEBUG (log.h)
   std::vector<uint64_t> globalRanks;  // of each rank of the group, for traces (tracing.h)
+  bool tracing = true;  // COLLX_TRACING: profiler spans and flight-recorder entries (tracing.h)
   TuningPolicy tuning;  // COLLX_TUNING: calibrate (default), table, or a file (core/algorithms/calibrate.h)
 };
 

@@ -95,6 +95,7 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   // CUDA tensors' staging path (see staging.h).
   config.stageCpuTensors = flag("COLLX_STAGE_CPU_TENSORS", false);
   config.readPeers = flag("COLLX_SHM_CMA", true);
+  config.tracing = flag("COLLX_TRACING", true);
   // Between ranks on one host (rendezvous.cc); "system" keeps the system's,
   // e.g. where a limited loopback stands for a link between hosts.
   if (const char* cc = std::getenv("COLLX_TCP_CONGESTION"); cc && *cc) {

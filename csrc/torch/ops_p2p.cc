@@ -30,6 +30,7 @@ struct P2PBatch {
   std::vector<bool> isRecv;
   std::shared_ptr<Staging> staging;
   c10::intrusive_ptr<CollxWork> work;
+  std::shared_ptr<OpTrace> trace;  // the flight recorder's entry, "started" once posted
   std::shared_ptr<std::atomic<int>> source;
   std::string describe;  // "collx send (float32) failed on rank 0: "
   // Stats and log lines, once finished; `failure`: a timeout or a peer's end
@@ -75,6 +76,7 @@ struct P2PBatch {
     }
     if (!error.empty()) failure = distError(describe + error);
     report(error, this->failure);
+    if (trace) trace->retire(error.empty());
     work->complete(failure);
   }
 };
@@ -102,6 +104,21 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
   }
   batch->work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq_.load(), std::move(devices));
   batch->work->spinOn(device().sharedP2P());
+  if (config_.tracing && OpTrace::wanted()) {
+    // NCCL's names: "send 0->1", "recv 1<-0" (group ranks).
+    std::string op = what;
+    if (ops.size() == 1) {
+      const std::string peer = ops[0].peer == kAnySource ? "any" : std::to_string(ops[0].peer);
+      op = ops[0].isSend ? collx::str("send ", rank_, "->", peer) : collx::str("recv ", rank_, "<-", peer);
+    }
+    std::vector<at::Tensor> sends;
+    for (const auto& o : ops) {
+      if (o.isSend) sends.push_back(o.tensor);
+    }
+    batch->trace = std::make_shared<OpTrace>(trace_, pgName(), rank_, size_, op, ++p2pSeq_, true,
+                                             batch->staging ? batch->staging->deviceOf(sends) : sends,
+                                             batch->work->result(), timeout());
+  }
   if (ops.size() == 1 && !ops[0].isSend && ops[0].peer == kAnySource) {
     batch->source = std::make_shared<std::atomic<int>>(-1);
     batch->work->setSourceSlot(batch->source);
@@ -147,6 +164,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::postP2P(std::vector<P2POp> ops, c10
       device().p2p().postRecv(ops[i].peer, uint32_t(ops[i].tag), buffer, deadline, std::move(done));
     }
   }
+  if (batch->trace) batch->trace->posted();
   batch->onDone(-1, nullptr);
   return batch->work;
 }

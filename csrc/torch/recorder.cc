@@ -35,21 +35,31 @@ std::string ranksText(const std::vector<uint64_t>& ranks) {
   return out + "]";
 }
 
-void describe(const std::vector<at::Tensor>& ts, std::vector<std::vector<int64_t>>& sizes,
-              std::vector<std::string>& dtypes) {
+void describe(const std::vector<at::Tensor>& ts, c10::SmallVector<int64_t, 8>& dims,
+              c10::SmallVector<int64_t, 4>& ranks, c10::SmallVector<c10::ScalarType, 4>& dtypes) {
+  ranks.clear();
+  dtypes.clear();
   for (const auto& t : ts) {
-    sizes.emplace_back(t.sizes().begin(), t.sizes().end());
-    dtypes.emplace_back(c10::toString(t.scalar_type()));
+    dims.append(t.sizes().begin(), t.sizes().end());
+    ranks.push_back(t.dim());
+    dtypes.push_back(t.scalar_type());
   }
 }
 
-c10::List<c10::IValue> sizesList(const std::vector<std::vector<int64_t>>& sizes) {
+// The dims of `ranks.size()` tensors from `at` on, as a list of lists.
+c10::List<c10::IValue> sizesList(const int64_t*& at, const c10::SmallVector<int64_t, 4>& ranks) {
   auto out = newList();
-  for (const auto& s : sizes) {
+  for (int64_t rank : ranks) {
     auto dims = newList();
-    for (int64_t d : s) dims.push_back(d);
+    for (int64_t i = 0; i < rank; ++i) dims.push_back(*at++);
     out.push_back(dims);
   }
+  return out;
+}
+
+std::vector<std::string> dtypeNames(const c10::SmallVector<c10::ScalarType, 4>& dtypes) {
+  std::vector<std::string> out;
+  for (auto t : dtypes) out.emplace_back(c10::toString(t));
   return out;
 }
 
@@ -79,28 +89,34 @@ std::optional<uint64_t> Recorder::record(size_t pgId, const PgName& pgName, uint
                                          const std::vector<at::Tensor>& outputs, std::chrono::milliseconds timeout,
                                          bool isP2P) {
   if (!enabled()) return std::nullopt;
-  Entry e;
+  static const bool stacks = std::getenv("COLLX_FR_STACK") == nullptr;
+  auto traceback = stacks ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/false)
+                          : nullptr;
+  thread_local const std::string threadName = c10::getThreadName();  // a system call: once per thread
+  const int64_t now = c10::getTime();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = nextId_++;
+  if (entries_.size() < capacity_) entries_.emplace_back();
+  Entry& e = entries_[id % capacity_];
+  e.id = id;
   e.pgId = pgId;
   e.pgName = pgName;
   e.collectiveSeq = collectiveSeq;
   e.p2pSeq = p2pSeq;
   e.name = std::move(name);
-  e.created = c10::getTime();
+  e.created = now;
   e.timeoutMs = timeout.count();
   e.isP2P = isP2P;
-  describe(inputs, e.inputSizes, e.inputDtypes);
-  describe(outputs, e.outputSizes, e.outputDtypes);
+  e.dims.clear();
+  describe(inputs, e.dims, e.inputRanks, e.inputDtypes);
+  describe(outputs, e.dims, e.outputRanks, e.outputDtypes);
+  e.started.reset();
+  e.completed.reset();
+  e.retired = false;
   e.thread = std::this_thread::get_id();
-  e.threadName = c10::getThreadName();
-  e.traceback = torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/false);
-  std::lock_guard<std::mutex> lock(mu_);
-  e.id = nextId_++;
-  if (entries_.size() < capacity_) {
-    entries_.push_back(std::move(e));
-  } else {
-    entries_[e.id % capacity_] = std::move(e);
-  }
-  return nextId_ - 1;
+  e.threadName = threadName;
+  e.traceback = std::move(traceback);
+  return id;
 }
 
 Recorder::Entry* Recorder::find(uint64_t id) {
@@ -191,13 +207,14 @@ std::string Recorder::dump(bool includeCollectives, bool includeStackTraces, boo
     d.insert("collective_seq_id", int64_t(e.collectiveSeq));
     d.insert("p2p_seq_id", int64_t(e.p2pSeq));
     d.insert("op_id", int64_t(e.isP2P ? e.p2pSeq : e.collectiveSeq));
-    d.insert("profiling_name", e.name);
+    d.insert("profiling_name", "collx:" + e.name);
     d.insert("time_created_ns", e.created);
     if (e.started && e.completed) d.insert("duration_ms", double(*e.completed - *e.started) / 1e6);
-    d.insert("input_sizes", sizesList(e.inputSizes));
-    d.insert("input_dtypes", e.inputDtypes);
-    d.insert("output_sizes", sizesList(e.outputSizes));
-    d.insert("output_dtypes", e.outputDtypes);
+    const int64_t* dims = e.dims.data();
+    d.insert("input_sizes", sizesList(dims, e.inputRanks));
+    d.insert("input_dtypes", dtypeNames(e.inputDtypes));
+    d.insert("output_sizes", sizesList(dims, e.outputRanks));
+    d.insert("output_dtypes", dtypeNames(e.outputDtypes));
     d.insert("state", e.completed ? "completed" : e.started ? "started" : "scheduled");
     d.insert("time_discovered_started_ns", timeOrNone(e.started));
     d.insert("time_discovered_completed_ns", timeOrNone(e.completed));

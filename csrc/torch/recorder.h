@@ -56,17 +56,21 @@ class Recorder {
 
  private:
   Recorder();
+  // Filled in place in its slot, whose buffers stay from entry to entry:
+  // recording allocates nothing once the ring is full.
   struct Entry {
     uint64_t id = UINT64_MAX;
     size_t pgId = 0;
     PgName pgName;
     uint64_t collectiveSeq = 0, p2pSeq = 0;
-    std::string name;
+    std::string name;  // without the "collx:" of the dump
     int64_t created = 0;  // ns since the epoch
     int64_t timeoutMs = 0;
     bool isP2P = false;
-    std::vector<std::vector<int64_t>> inputSizes, outputSizes;
-    std::vector<std::string> inputDtypes, outputDtypes;
+    // Every tensor's dims, inputs then outputs; each one's rank and dtype.
+    c10::SmallVector<int64_t, 8> dims;
+    c10::SmallVector<int64_t, 4> inputRanks, outputRanks;
+    c10::SmallVector<c10::ScalarType, 4> inputDtypes, outputDtypes;
     std::optional<int64_t> started, completed;
     bool retired = false;
     std::thread::id thread;

@@ -54,8 +54,8 @@ OpTrace::OpTrace(GroupTrace& group, const PgName& pgName, int rank, int size, st
   Recorder& recorder = Recorder::get();
   if (recorder.enabled()) {
     if (!group.noted.exchange(true)) recorder.noteGroup(group.id, pgName_, group.ranks(size), group.status);
-    id_ = recorder.record(group.id, pgName_, isP2P ? 0 : seq, isP2P ? seq : 0, "collx:" + name_, inputs, outputs,
-                          timeout, isP2P);
+    id_ = recorder.record(group.id, pgName_, isP2P ? 0 : seq, isP2P ? seq : 0, name_, inputs, outputs, timeout,
+                          isP2P);
   }
   if (at::hasCallbacks()) {
     tls_.emplace();
@@ -63,6 +63,10 @@ OpTrace::OpTrace(GroupTrace& group, const PgName& pgName, int rank, int size, st
     for (const auto& t : outputs) outElems_ += t.numel();
     if (!inputs.empty()) dtype_ = inputs[0].scalar_type();
   }
+}
+
+void OpTrace::posted() {
+  if (id_) Recorder::get().started(*id_);
 }
 
 void OpTrace::retire(bool completed) {

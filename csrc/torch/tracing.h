@@ -42,6 +42,10 @@ struct GroupTrace {
 // One op's trace, made at enqueue on the caller's thread.
 class OpTrace {
  public:
+  // Whether an op made now has anything to trace: the recorder is on, or a
+  // profiler (some RecordFunction callback) is.
+  static bool wanted() { return Recorder::get().enabled() || at::hasCallbacks(); }
+
   // `name`: the op ("all_reduce", or "send 0->1"); `seq`: its collective
   // sequence number, or for a p2p op the group's p2p count.
   OpTrace(GroupTrace& group, const PgName& pgName, int rank, int size, std::string name, uint64_t seq, bool isP2P,
@@ -69,6 +73,8 @@ class OpTrace {
     std::unique_ptr<at::RecordFunction> span_;
   };
 
+  // A p2p op, which progresses on its own: posted, so "started" (no span).
+  void posted();
   // Takes the entry out of flight: `completed`, or failed (or never run,
   // cancelled at abort) and left in its state. Idempotent.
   void retire(bool completed = false);
