@@ -92,8 +92,10 @@ def hook_stats(group=None) -> dict:
 
 
 def get_stats(group=None) -> dict:
-    """Counters of ``group``: ``ops``, ``bytes_sent``, ``bytes_received``,
-    ``algorithms`` mapping e.g. ``"all_reduce/ring"`` to ``{"calls", "seconds"}``,
+    """Counters of ``group``: ``ops``; ``bytes_sent`` and ``bytes_received`` to and
+    from its peers, split under ``carriers`` by what moved them (``tcp``,
+    ``shm_ring``, ``shm_window``, ``peer_memory``, ``cuda_peers``, those that
+    moved any); ``algorithms`` mapping e.g. ``"all_reduce/ring"`` to ``{"calls", "seconds"}``,
     and ``ddp_hook``: the counters of the collx DDP comm hook on this group
     (see :func:`hook_stats`; zeros when it never ran)."""
     stats = backend_of(group).stats()
