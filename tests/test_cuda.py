@@ -242,8 +242,8 @@ def check_ddp(rank, ws, fail):
 
 def check_profiler_shows_staging_copies(rank, ws, fail):
     """torch.profiler with CUDA activities sees a staged all-reduce whole: the
-    c10d op on the host, and its copies to the pinned mirror and back, which
-    collx makes on its own stream."""
+    c10d op on the host, collx's span over its run, and its copies to the
+    pinned mirror and back, which collx makes on its own stream."""
     from torch.profiler import ProfilerActivity, profile
 
     t = torch.ones(1 << 18, device=DEV)  # 1 MiB: staged on the host, one piece
@@ -252,7 +252,7 @@ def check_profiler_shows_staging_copies(rank, ws, fail):
         dist.all_reduce(t)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    for want in ("c10d::allreduce_", "Memcpy DtoH", "Memcpy HtoD"):
+    for want in ("c10d::allreduce_", "collx:all_reduce", "record_param_comms", "Memcpy DtoH", "Memcpy HtoD"):
         if not any(want in n for n in names):
             fail(f"no {want!r} event in the trace of a staged all_reduce: {sorted(names)[:40]}")
     if m := mismatch(t.cpu(), torch.full((1 << 18,), float(ws) ** 2)):
