@@ -44,7 +44,10 @@ class OpTrace {
  public:
   // Whether an op made now has anything to trace: the recorder is on, or a
   // profiler (some RecordFunction callback) is.
-  static bool wanted() { return Recorder::get().enabled() || at::hasCallbacks(); }
+  static bool wanted() {
+    static const bool recording = Recorder::get().enabled();
+    return recording || at::hasThreadLocalCallbacks() || at::hasGlobalCallbacks();
+  }
 
   // `name`: the op ("all_reduce", or "send 0->1"); `seq`: its collective
   // sequence number, or for a p2p op the group's p2p count.
