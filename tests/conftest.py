@@ -43,6 +43,7 @@ QUICK = {
     "test_fault_tolerance.py::test_shrink_after_a_rank_dies[ws3v1-shm]",
     "test_reconfigure.py::test_reconfigure_grow_shrink_and_reject[shm]",
     "test_lifecycle.py::test_destroy_and_reinit_several_times",
+    "test_observability.py::test_flight_recorder_lists_collx_ops_with_their_states[ws2]",
     "test_options.py::test_options_resolve_in_process",
     "test_tuning.py::test_table",
     "test_launcher.py::test_returns_values_by_rank",

@@ -187,6 +187,11 @@ def test_stopped_rank_is_named_by_every_timeout_and_by_the_dumps(ws, tmp_path):
         # memory; a rank failed by a peer's timeout carries the peer's words.
         assert f"rank {victim} (its last op: all_reduce #{seq - 1}, completed)" in msg or \
             f"peer(s) {victim} " in msg, report
+        others = [r for r in range(ws) if r not in (rank, victim)]
+        if "its last op" in msg and others:
+            sent = f"rank {others[0]}" if len(others) == 1 else f"ranks {others[0]}-{others[-1]}" \
+                if others == list(range(others[0], others[-1] + 1)) else "ranks " + ", ".join(map(str, others))
+            assert f"; {sent} had sent." in msg, report
         assert r["took"] <= timeout + 3.0, report
     out = subprocess.run([sys.executable, "-m", "torchcollx.fr", prefix], capture_output=True, text=True, timeout=60)
     print(out.stdout, out.stderr)

@@ -101,8 +101,25 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   return work;
 }
 
+namespace {
+
+// "1-16, 18, 20-63".
+std::string rankRanges(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += collx::str(out.empty() ? "" : ", ", ranks[i], j > i ? collx::str("-", ranks[j]) : std::string());
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string CollxBackend::whoIsMissing(std::chrono::milliseconds timeout) const {
-  const std::vector<int> missing = device().missing();
+  bool ofAll = false;
+  const std::vector<int> missing = device().missing(&ofAll);
   if (missing.empty()) return "";
   std::string s = collx::str("timed out after ", timeout.count(), " ms with no data from ");
   for (size_t i = 0; i < missing.size(); ++i) {
@@ -117,6 +134,13 @@ std::string CollxBackend::whoIsMissing(std::chrono::milliseconds timeout) const 
                         p->completed == p->started ? ", completed)" : ", in flight)");
       }
     }
+  }
+  if (ofAll) {
+    std::vector<int> sent;
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_ && std::find(missing.begin(), missing.end(), r) == missing.end()) sent.push_back(r);
+    }
+    if (!sent.empty()) s += collx::str("; ", sent.size() == 1 ? "rank " : "ranks ", rankRanges(sent), " had sent");
   }
   return s + ". ";
 }

@@ -77,7 +77,7 @@ Recorder::Recorder()
 }
 
 void Recorder::noteGroup(size_t pgId, const PgName& name, std::vector<uint64_t> ranks,
-                         std::shared_ptr<c10d::ProcessGroupStatus> status) {
+                         std::shared_ptr<GroupStatus> status) {
   if (!enabled()) return;
   std::lock_guard<std::mutex> lock(mu_);
   ranks_[name] = std::move(ranks);
@@ -160,9 +160,9 @@ std::string Recorder::dump(bool includeCollectives, bool includeStackTraces, boo
     auto status = newDict();
     for (const auto& [id, s] : status_) {
       auto d = newDict();
-      d.insert("last_enqueued_collective", s->lastEnqueuedSeq);
-      d.insert("last_started_collective", s->lastStartedSeq);
-      d.insert("last_completed_collective", s->lastCompletedSeq);
+      d.insert("last_enqueued_collective", s->enqueued.load());
+      d.insert("last_started_collective", s->started.load());
+      d.insert("last_completed_collective", s->completed.load());
       status.insert(std::to_string(id), d);
     }
     result.insert("version", "2.10");

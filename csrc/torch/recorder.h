@@ -11,8 +11,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/logger.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -31,6 +31,11 @@ namespace collx::torch_glue {
 
 using PgName = std::tuple<std::string, std::string>;  // the group's name and description
 
+// A group's last collectives, for the dump's pg_status (-1: none yet).
+struct GroupStatus {
+  std::atomic<int64_t> enqueued{-1}, started{-1}, completed{-1};
+};
+
 class Recorder {
  public:
   static Recorder& get();
@@ -38,8 +43,7 @@ class Recorder {
 
   // The group's members (global ranks) and status, for the dump's pg_config
   // and pg_status; once per group.
-  void noteGroup(size_t pgId, const PgName& name, std::vector<uint64_t> ranks,
-                 std::shared_ptr<c10d::ProcessGroupStatus> status);
+  void noteGroup(size_t pgId, const PgName& name, std::vector<uint64_t> ranks, std::shared_ptr<GroupStatus> status);
   // A new entry, "scheduled"; its id, or none when off.
   std::optional<uint64_t> record(size_t pgId, const PgName& pgName, uint64_t collectiveSeq, uint64_t p2pSeq,
                                  std::string name, const std::vector<at::Tensor>& inputs,
@@ -84,7 +88,7 @@ class Recorder {
   std::vector<Entry> entries_;  // entries_[id % capacity_]
   uint64_t nextId_ = 0;
   std::map<PgName, std::vector<uint64_t>> ranks_;
-  std::map<size_t, std::shared_ptr<c10d::ProcessGroupStatus>> status_;
+  std::map<size_t, std::shared_ptr<GroupStatus>> status_;
 };
 
 }  // namespace collx::torch_glue

@@ -50,7 +50,7 @@ OpTrace::OpTrace(GroupTrace& group, const PgName& pgName, int rank, int size, st
                  bool isP2P, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                  std::chrono::milliseconds timeout)
     : group_(group), pgName_(pgName), rank_(rank), size_(size), name_(std::move(name)), seq_(seq), isP2P_(isP2P) {
-  if (!isP2P) group.status->lastEnqueuedSeq = int64_t(seq);
+  if (!isP2P) group.status->enqueued = int64_t(seq);
   Recorder& recorder = Recorder::get();
   if (recorder.enabled()) {
     if (!group.noted.exchange(true)) recorder.noteGroup(group.id, pgName_, group.ranks(size), group.status);
@@ -75,7 +75,7 @@ void OpTrace::retire(bool completed) {
 }
 
 OpTrace::Running::Running(OpTrace& trace) : trace_(trace) {
-  if (!trace.isP2P_) trace.group_.status->lastStartedSeq = int64_t(trace.seq_);
+  if (!trace.isP2P_) trace.group_.status->started = int64_t(trace.seq_);
   if (trace.id_) Recorder::get().started(*trace.id_);
   if (!trace.tls_) return;
   tls_.emplace(*trace.tls_);
@@ -100,7 +100,7 @@ OpTrace::Running::Running(OpTrace& trace) : trace_(trace) {
 void OpTrace::Running::finish(const std::string& label, const TransportCounters& before,
                               const TransportCounters& after) {
   finished_ = true;
-  if (!trace_.isP2P_) trace_.group_.status->lastCompletedSeq = int64_t(trace_.seq_);
+  if (!trace_.isP2P_) trace_.group_.status->completed = int64_t(trace_.seq_);
   if (!span_) return;
   std::string via;
   for (int i = 0; i < kCarriers; ++i) {

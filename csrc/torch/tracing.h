@@ -30,7 +30,7 @@ struct GroupTrace {
   const size_t id;  // process-wide, in creation order
   // Of each group rank; where unknown or of another size, ranks are their own.
   const std::vector<uint64_t> globalRanks;
-  const std::shared_ptr<c10d::ProcessGroupStatus> status = std::make_shared<c10d::ProcessGroupStatus>();
+  const std::shared_ptr<GroupStatus> status = std::make_shared<GroupStatus>();
   std::atomic<bool> noted{false};   // in the recorder's pg_config
   std::atomic<bool> dumped{false};  // a failure wrote this rank's dump
   std::vector<uint64_t> ranks(int size) const;

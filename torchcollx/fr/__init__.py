@@ -33,11 +33,15 @@ _c10d = torch._C._distributed_c10d
 
 def _merged(theirs: dict, ours: dict) -> dict:
     out = dict(theirs)
-    for key in ("pg_config", "pg_status"):
-        out[key] = {**theirs.get(key, {}), **ours.get(key, {})}
+    out["pg_config"] = {**theirs.get("pg_config", {}), **ours.get("pg_config", {})}
+    # Keyed by each recorder's own group ids, which may coincide.
+    status = dict(theirs.get("pg_status", {}))
+    for pg_id, s in ours.get("pg_status", {}).items():
+        status[f"collx:{pg_id}" if pg_id in status else pg_id] = s
     entries = list(theirs.get("entries", [])) + list(ours.get("entries", []))
     if entries or "entries" in theirs or "entries" in ours:
         out["entries"] = sorted(entries, key=lambda e: e.get("time_created_ns", 0))
+    out["pg_status"] = status
     return out
 
 
@@ -55,9 +59,12 @@ def _with_collx(dump, dump_json):
         theirs = json.loads(dump_json(includeCollectives, onlyActive))
         ours = pickle.loads(_C.dump_fr_trace(True if includeCollectives is None else bool(includeCollectives),
                                              False, bool(onlyActive)))
-        for e in ours.get("entries", []):  # torch's JSON form: 0 for a time not yet seen
+        # torch's JSON form: 0 for a time not yet seen, statuses as text.
+        for e in ours.get("entries", []):
             for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
                 e[key] = e[key] or 0
+        for s in ours.get("pg_status", {}).values():
+            s.update((k, str(v)) for k, v in s.items())
         return json.dumps(_merged(theirs, ours)).encode()
 
     dump_fr_trace._collx = dump_fr_trace_json._collx = True

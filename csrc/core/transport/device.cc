@@ -207,6 +207,7 @@ void Device::timeout() {
   {
     std::lock_guard<std::mutex> lock(progressMutex_);
     missing_ = std::move(waited);
+    missingOfAll_ = false;
   }
   breakWith(TimeoutError(str("collx rank ", rank_, ": Timed out waiting for ", what)), true);
 }
@@ -322,8 +323,9 @@ std::optional<Device::Progress> Device::peerProgress(int r) const {
                   OpKind(c.startedKind.load(std::memory_order_relaxed))};
 }
 
-std::vector<int> Device::missing() const {
+std::vector<int> Device::missing(bool* ofAll) const {
   std::lock_guard<std::mutex> lock(progressMutex_);
+  if (ofAll) *ofAll = missingOfAll_;
   return missing_;
 }
 

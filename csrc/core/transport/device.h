@@ -89,8 +89,9 @@ class Device : public Transport {
   void noteProgress(uint64_t seq, OpKind kind, bool completed);
   std::optional<Progress> peerProgress(int r) const;
   // The peers whose data (or reading) the wait that broke the group waited
-  // for; empty if it broke otherwise. Thread-safe.
-  std::vector<int> missing() const;
+  // for; empty if it broke otherwise. `ofAll`: that wait was on every peer
+  // (the shared windows'), so the others had sent. Thread-safe.
+  std::vector<int> missing(bool* ofAll = nullptr) const;
 
  private:
   void throwIfBroken() const;
@@ -138,7 +139,8 @@ class Device : public Transport {
   std::string interruptReason_;  // under socketsMutex_, set before interrupted_
   std::atomic<Failure> failure_{Failure::kNone};
   mutable std::mutex progressMutex_;
-  std::vector<int> missing_;  // under progressMutex_
+  std::vector<int> missing_;   // under progressMutex_
+  bool missingOfAll_ = false;  // under progressMutex_
   mutable std::mutex countersMutex_;  // counters() may be read from another thread
   TransportCounters counters_;
 };

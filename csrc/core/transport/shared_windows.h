@@ -89,7 +89,8 @@ class SharedWindows {
                        const std::function<std::string()>& what) = 0;
   // Breaks the group with `why` (peers waiting on it fail with the reason).
   [[noreturn]] virtual void fail(const std::string& why) = 0;
-  // The peers a wait that failed was waiting for (Device::missing).
+  // The peers a wait on every peer's counter that failed still waited for
+  // (Device::missing).
   virtual void noteMissing(std::vector<int> ranks) = 0;
 };
 

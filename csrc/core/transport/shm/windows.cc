@@ -102,6 +102,7 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
 void Device::Windows::noteMissing(std::vector<int> ranks) {
   std::lock_guard<std::mutex> lock(device_.progressMutex_);
   device_.missing_ = std::move(ranks);
+  device_.missingOfAll_ = true;
 }
 
 TransportCounters Device::Windows::counters() const {
