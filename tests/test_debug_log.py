@@ -8,6 +8,7 @@ collx lines it wrote.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import pytest
@@ -49,6 +50,8 @@ def test_trace_logs_setup_ops_failures_and_teardown():
         text = "\n".join(lines)
         prefix = f"collx INFO rank {rank} of 2: "
         assert f"{prefix}mesh of 2 ranks ready in " in text and "listening on " in text, text
+        requests = re.search(r"ready in [\d.]+ ms after (\d+) store requests", text)
+        assert requests and int(requests.group(1)) > 0, text
         assert "algorithm auto, tree arity 2, segment 524288 B" in text, text
         assert f"{prefix}tuning from " in text and " us/step " in text and "auto at n=2: " in text, text
         assert f"collx TRACE rank {rank} of 2: all_reduce #1 (float32): all_reduce/" in text, text

@@ -56,7 +56,8 @@ void CollxBackend::connect(const c10::intrusive_ptr<c10d::Store>& store, int ran
     const std::vector<int> h = hosts();
     const auto local = std::count(h.begin(), h.end(), h[rank]);
     log(LogLevel::kInfo,
-        collx::str("mesh of ", size, " ranks ready in ", millis(ms), " ms, listening on ", device_->address(), "; ",
+        collx::str("mesh of ", size, " ranks ready in ", millis(ms), " ms after ", adapter.requests(),
+                   " store requests, listening on ", device_->address(), "; ",
                    device_->hostCount(), " host(s), ", local, " rank(s) on this one",
                    device_->transportNote().empty() ? "" : "; ", device_->transportNote(), "; algorithm ",
                    name(config_.algorithm), ", tree arity ", config_.treeArity, ", segment ", config_.segmentBytes,

@@ -1,4 +1,7 @@
 // collx::Store over the c10d::Store torch gives each group (a PrefixStore).
+// It counts the requests it makes: the Store (rank 0's TCPStore under
+// torchrun) serves every rank of every group, so its traffic is a cost of
+// creating a group.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -12,16 +15,23 @@ class StoreAdapter : public Store {
   explicit StoreAdapter(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    ++requests_;
     store_->set(key, value);
   }
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    requests_ += 2;  // a wait, then the get
     store_->wait({key}, timeout);
     return store_->get(key);
   }
-  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+  int64_t add(const std::string& key, int64_t delta) override {
+    ++requests_;
+    return store_->add(key, delta);
+  }
+  uint64_t requests() const { return requests_; }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
+  uint64_t requests_ = 0;
 };
 
 }  // namespace collx::torch_glue
