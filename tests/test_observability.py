@@ -245,3 +245,26 @@ def test_stats_count_shared_memory_traffic(ws):
         expected = 2 * (ws - 1) * nbytes // ws
         assert abs(window["bytes_received"] - expected) <= ws * 64, (rank, window, expected)
         assert after["bytes_sent"] - before["bytes_sent"] >= window["bytes_sent"], (rank, before, after)
+
+
+def _group_ranks(rank, ws):
+    mine = [r for r in range(ws) if r % 2 == rank % 2]
+    split = dist.distributed_c10d._get_default_group().split_group(
+        mine, timeout=datetime.timedelta(seconds=60), opts=None, group_name=f"parity{rank % 2}")
+    odd = dist.new_group([r for r in range(ws) if r % 2 == 1])
+    dist.all_reduce(torch.ones(2), group=split)
+    if rank % 2 == 1:
+        dist.all_reduce(torch.ones(2), group=odd)
+    return _dump()["pg_config"]
+
+
+def test_recorder_names_each_groups_global_ranks():
+    """A split group and a new_group list their members by global rank, as
+    torch's recorder does, so that dumps of several groups line up."""
+    ws = 4
+    res = run_ranks(_group_ranks, ws, timeout=120)
+    for rank, config in enumerate(res):
+        parity = [r for r in range(ws) if r % 2 == rank % 2]
+        assert config[f"parity{rank % 2}"]["ranks"] == str(parity), (rank, config)
+        if rank % 2 == 1:
+            assert str(parity) in [c["ranks"] for name, c in config.items() if not name.startswith("parity")], config

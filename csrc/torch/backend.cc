@@ -193,7 +193,18 @@ c10::intrusive_ptr<c10d::Backend> CollxBackend::split(const c10::intrusive_ptr<c
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
   if (it == ranks.end()) return nullptr;  // not a member of the new group
   const auto limit = opts && opts->timeout.count() > 0 ? opts->timeout : timeout();
-  return c10::make_intrusive<CollxBackend>(store, int(it - ranks.begin()), int(ranks.size()), limit, config_);
+  std::vector<int64_t> members(ranks.begin(), ranks.end());
+  return c10::make_intrusive<CollxBackend>(store, int(it - ranks.begin()), int(ranks.size()), limit,
+                                           configOf(members));
+}
+
+Config CollxBackend::configOf(const std::vector<int64_t>& members) const {
+  // A group that was not told its global ranks (the default group) is numbered by them.
+  const bool known = config_.globalRanks.size() == size_t(size_);
+  Config config = config_;
+  config.globalRanks.clear();
+  for (int64_t r : members) config.globalRanks.push_back(known ? config_.globalRanks.at(size_t(r)) : uint64_t(r));
+  return config;
 }
 
 std::vector<int> CollxBackend::hosts() const {

@@ -184,6 +184,9 @@ class CollxBackend : public c10d::Backend {
   std::string describeTuning() const;
 
  private:
+  // This group's settings for a new group of `members` (ranks of this one):
+  // the same, with the members' global ranks.
+  Config configOf(const std::vector<int64_t>& members) const;
   // What auto takes for `bytes` by its rules and model, before refinement.
   Algorithm autoBeforeRefining(size_t bytes) const;
   // Runs on the executor (or inline in a waiting caller); returns the stats

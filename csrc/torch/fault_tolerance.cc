@@ -165,7 +165,8 @@ c10::intrusive_ptr<c10d::Backend> CollxBackend::shrink(const std::vector<int64_t
     }
   }
   return c10::make_intrusive<CollxBackend>(c10::make_intrusive<c10d::PrefixStore>("group/", store),
-                                           int(self - survivors.begin()), int(survivors.size()), limit, config_);
+                                           int(self - survivors.begin()), int(survivors.size()), limit,
+                                           configOf(std::vector<int64_t>(survivors.begin(), survivors.end())));
 }
 
 }  // namespace collx::torch_glue

@@ -208,7 +208,7 @@ PYBIND11_MODULE(_C, m) {
         return py::bytes(collx::torch_glue::Recorder::get().dump(includeCollectives, includeStackTraces, onlyActive));
       },
       py::arg("include_collectives") = true, py::arg("include_stack_traces") = true, py::arg("only_active") = false,
-      "collx's flight recorder (tracing.h) in torch's pickled dump format.");
+      "collx's flight recorder (recorder.h) in torch's pickled dump format.");
 
   m.def(
       "choose_allreduce",

@@ -145,7 +145,7 @@ class P2PEngine : public PointToPoint {
   std::map<uint64_t, std::string> notes_;        // payloads of queued control frames
   std::vector<Finished> finished_;
   uint64_t nextId_ = 0;
-  // Payload bytes of finished ops, by the channel of their peer's link.
+  // Payload bytes of finished ops, by the carrier of their peer's link.
   std::atomic<uint64_t> sent_[kCarriers] = {}, received_[kCarriers] = {};
   std::string closed_;  // why, once closed
   bool stopping_ = false;
