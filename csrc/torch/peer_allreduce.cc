@@ -99,8 +99,7 @@ PeerAllreduce::Outcome PeerAllreduce::run(Staging* st, bool claimed, const Colle
       st->synchronize();
     });
     if (agree(c, mine, count).least != kGo) failed(why);
-    sent_.fetch_add(len, std::memory_order_relaxed);  // in this rank's buffer, for the peers
-    received_.fetch_add(size_t(c.size() - 1) * len, std::memory_order_relaxed);
+    counters_.add(Carrier::kDevicePeers, len, size_t(c.size() - 1) * len);  // sent: in this rank's buffer
   }
   return Outcome::kDone;
 }

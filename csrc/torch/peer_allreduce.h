@@ -65,11 +65,7 @@ class PeerAllreduce {
   // until a vote finds every rank on host tensors.
   bool stagesWhole(const Collective& c, bool host, bool pipelines, size_t count);
   // Bytes moved through the mapped buffers (Carrier::kDevicePeers); any thread.
-  TransportCounters counters() const {
-    TransportCounters t;
-    t.add(Carrier::kDevicePeers, sent_.load(std::memory_order_relaxed), received_.load(std::memory_order_relaxed));
-    return t;
-  }
+  TransportCounters counters() const { return counters_.snapshot(); }
 
  private:
   // Maps buffers of >= `bytes` (grown to a power of two) for an op on
@@ -77,7 +73,7 @@ class PeerAllreduce {
   // how to stage this op (peer_allreduce.cc's Vote).
   int ready(Staging* st, const Collective& c, size_t count, size_t bytes);
 
-  std::atomic<uint64_t> sent_{0}, received_{0};  // bytes, as TransportCounters counts them
+  SharedCounters counters_;
   const size_t maxBytes_;
   const LogLevel logLevel_;
   std::unique_ptr<PeerBuffers> buffers_;

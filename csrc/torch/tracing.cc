@@ -57,7 +57,7 @@ OpTrace::OpTrace(GroupTrace& group, const PgName& pgName, int rank, int size, st
     id_ = recorder.record(group.id, pgName_, isP2P ? 0 : seq, isP2P ? seq : 0, name_, inputs, outputs, timeout,
                           isP2P);
   }
-  if (at::hasCallbacks()) {
+  if (profiling()) {
     tls_.emplace();
     for (const auto& t : inputs) inElems_ += t.numel();
     for (const auto& t : outputs) outElems_ += t.numel();

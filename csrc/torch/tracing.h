@@ -46,8 +46,11 @@ class OpTrace {
   // profiler (some RecordFunction callback) is.
   static bool wanted() {
     static const bool recording = Recorder::get().enabled();
-    return recording || at::hasThreadLocalCallbacks() || at::hasGlobalCallbacks();
+    return recording || profiling();
   }
+  // A profiler (some RecordFunction callback) is on: the caller's thread's
+  // first, the cheaper check.
+  static bool profiling() { return at::hasThreadLocalCallbacks() || at::hasGlobalCallbacks(); }
 
   // `name`: the op ("all_reduce", or "send 0->1"); `seq`: its collective
   // sequence number, or for a p2p op the group's p2p count.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -68,6 +69,26 @@ struct TransportCounters {
     }
     return *this;
   }
+};
+
+// TransportCounters that one thread adds to while any thread reads them.
+class SharedCounters {
+ public:
+  void add(Carrier c, uint64_t sent, uint64_t received) {
+    sent_[int(c)].fetch_add(sent, std::memory_order_relaxed);
+    received_[int(c)].fetch_add(received, std::memory_order_relaxed);
+  }
+  TransportCounters snapshot() const {
+    TransportCounters t;
+    for (int i = 0; i < kCarriers; ++i) {
+      t.sent[i] = sent_[i].load(std::memory_order_relaxed);
+      t.received[i] = received_[i].load(std::memory_order_relaxed);
+    }
+    return t;
+  }
+
+ private:
+  std::atomic<uint64_t> sent_[kCarriers] = {}, received_[kCarriers] = {};
 };
 
 class Transport {

@@ -330,14 +330,4 @@ void P2PEngine::onWritten(const std::vector<uint64_t>& ids) {
   }
 }
 
-
-TransportCounters P2PEngine::counters() const {
-  TransportCounters c;
-  for (int i = 0; i < kCarriers; ++i) {
-    c.sent[i] = sent_[i].load(std::memory_order_relaxed);
-    c.received[i] = received_[i].load(std::memory_order_relaxed);
-  }
-  return c;
-}
-
 }  // namespace collx::tcp

@@ -50,7 +50,7 @@ class P2PEngine : public PointToPoint {
   void postRecv(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) override;
   void spin(const std::function<bool()>& finished, std::chrono::microseconds budget) override;
   void close(const std::string& why) override;
-  TransportCounters counters() const override;
+  TransportCounters counters() const override { return counters_.snapshot(); }
 
   // Messages up to this size go eagerly; larger ones ask first.
   static constexpr size_t kEagerBytes = 64 << 10;
@@ -146,7 +146,7 @@ class P2PEngine : public PointToPoint {
   std::vector<Finished> finished_;
   uint64_t nextId_ = 0;
   // Payload bytes of finished ops, by the carrier of their peer's link.
-  std::atomic<uint64_t> sent_[kCarriers] = {}, received_[kCarriers] = {};
+  SharedCounters counters_;
   std::string closed_;  // why, once closed
   bool stopping_ = false;
   std::thread thread_;

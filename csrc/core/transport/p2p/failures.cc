@@ -15,8 +15,9 @@ void P2PEngine::finish(OpMap& ops, OpMap::iterator it, std::exception_ptr err) {
   const Op& op = it->second;
   const int peer = op.source >= 0 ? op.source : op.peer;
   if (!err && peer >= 0 && links_[size_t(peer)]) {
-    const int c = int(links_[size_t(peer)]->usesShm() ? Carrier::kShmRing : Carrier::kTcp);
-    (&ops == &sends_ ? sent_[c] : received_[c]).fetch_add(op.buffer.bytes, std::memory_order_relaxed);
+    const Carrier c = links_[size_t(peer)]->usesShm() ? Carrier::kShmRing : Carrier::kTcp;
+    const bool isSend = &ops == &sends_;
+    counters_.add(c, isSend ? op.buffer.bytes : 0, isSend ? 0 : op.buffer.bytes);
   }
   finished_.push_back({std::move(it->second.done), it->second.source, err});
   ops.erase(it);

@@ -105,15 +105,6 @@ void Device::Windows::noteMissing(std::vector<int> ranks) {
   device_.missingOfAll_ = true;
 }
 
-TransportCounters Device::Windows::counters() const {
-  TransportCounters c;
-  for (int i = 0; i < kCarriers; ++i) {
-    c.sent[i] = sent_[i].load(std::memory_order_relaxed);
-    c.received[i] = received_[i].load(std::memory_order_relaxed);
-  }
-  return c;
-}
-
 void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes) {
   count(Carrier::kPeerMemory, 0, bytes);
   char* to = static_cast<char*>(dst);

@@ -23,11 +23,8 @@ class Device::Windows : public SharedWindows {
   WindowControl& control(int rank) override { return *reinterpret_cast<WindowControl*>(areas_.at(size_t(rank))); }
   bool canReadPeers() const override { return readPeers_; }
   void readPeer(int r, uint64_t address, void* dst, size_t bytes) override;
-  void count(Carrier c, uint64_t sent, uint64_t received) override {
-    sent_[int(c)].fetch_add(sent, std::memory_order_relaxed);
-    received_[int(c)].fetch_add(received, std::memory_order_relaxed);
-  }
-  TransportCounters counters() const override;
+  void count(Carrier c, uint64_t sent, uint64_t received) override { counters_.add(c, sent, received); }
+  TransportCounters counters() const override { return counters_.snapshot(); }
   void checkGroup(uint64_t seq) override;
   void publish() override;
   void waitFor(const std::function<bool()>& ready, Deadline deadline,
@@ -47,7 +44,7 @@ class Device::Windows : public SharedWindows {
   std::vector<pid_t> pids_;
   bool readPeers_;
   std::vector<pollfd> pollfds_;  // checkPeers()'s
-  std::atomic<uint64_t> sent_[kCarriers] = {}, received_[kCarriers] = {};
+  SharedCounters counters_;
 };
 
 }  // namespace collx::tcp
