@@ -157,5 +157,59 @@ def test_a_cache_fitted_under_load_is_dropped(tmp_path):
     # Both ranks remove the host's one cache file; one of them finds it.
     assert sum("dropped its cache" in err for err in errs) == 1, errs
     assert not cache.exists(), "the stale cache was kept"
+    assert not list(cache.parent.glob("*.refined")), "choices refined under the stale cache were kept"
     again = run_ranks(_groups, 2, timeout=120, env=env)
     assert all(r["tunings"][0].startswith("tuning from calibration in ") for r in again), again[0]["tunings"]
+
+
+def _size_name(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def _settles(rank, ws, sizes):
+    """Auto all-reduces of each size until its class has settled once (the
+    line turns up in the tuning on every rank at the same op); returns the
+    tuning after each size's first op, and at the end."""
+    b = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    firsts, ok = [], True
+    for s in sizes:
+        t = torch.empty(s // 4)
+        for i in range(5000):
+            t.fill_(rank + 1)
+            dist.all_reduce(t)
+            ok = ok and bool((t == ws * (ws + 1) / 2).all())
+            if i == 0:
+                firsts.append(b.tuning)
+            if f"refined: {_size_name(s)}:" in b.tuning or (i > 0 and not b.refining(s)):
+                break
+    return {"firsts": firsts, "tuning": b.tuning, "ok": ok}
+
+
+def test_refined_choices_are_saved_for_the_next_run(tmp_path):
+    """A job's second run starts each class at the check of what its first
+    run settled on, instead of a trial (its first op already runs it)."""
+    env = {"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": None, "COLLX_TRANSPORT": "tcp"}
+    sizes = [16 << 10, 256 << 10, 1 << 20]
+    first = run_ranks(_settles, 2, timeout=180, env=env, args=(sizes,))
+    assert all(r["ok"] for r in first)
+    [refined] = (tmp_path / "torchcollx").glob("*.refined")
+    header, *saved = refined.read_text().splitlines()
+    assert header.startswith("collx-refined 1 for tuning "), header
+    assert saved, f"no class had a trial: {first[0]['tuning']}"
+    kept = {}
+    for line in saved:
+        nbytes, kind, algorithm = line.split()[:3]
+        assert kind == "flat" and int(nbytes) in sizes, line
+        name = _size_name(int(nbytes))
+        assert f"refined: {name}: {algorithm} (" in first[0]["tuning"], (line, first[0]["tuning"])
+        kept[int(nbytes)] = (name, algorithm)
+    second = run_ranks(_settles, 2, timeout=180, env=env, args=(sizes,))
+    for r in second:
+        assert r["ok"]
+        for s, after_one in zip(sizes, r["firsts"]):
+            if s in kept:
+                name, algorithm = kept[s]
+                assert f"refining: {name}: checking {algorithm}, 1 of " in after_one, after_one
+                assert f"refined: {name}: {algorithm} (" in r["tuning"], r["tuning"]
+            else:  # a class with one candidate: nothing to try or save
+                assert f"{_size_name(s)}:" not in r["tuning"], r["tuning"]

@@ -1,11 +1,14 @@
 // Auto's cost model: the fit recovers known constants, the text form round
 // trips and rejects bad files, and tuneGroup over real loopback TCP gives
 // every rank the same tuning, reuses an agreed cache, recalibrates when the
-// ranks' caches differ, and refuses a tuning file that differs.
+// ranks' caches differ, and refuses a tuning file that differs; refined
+// choices saved beside a cache reach every rank of the next group, unless
+// the ranks read different ones or they were saved under another tuning.
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -75,7 +78,7 @@ void testTextForm() {
 
 std::vector<TuningOutcome> tuneAll(test::Group& g, const std::vector<TuningPolicy>& policies) {
   const int n = int(g.devices.size());
-  std::vector<TuningOutcome> out(size_t(n), TuningOutcome{Tuning::table(), 0, "", ""});
+  std::vector<TuningOutcome> out(static_cast<size_t>(n));
   test::runRanks(n, [&](int r) {
     thread_local Workspace ws;
     Collective c{*g.devices[r], OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + std::chrono::seconds(60),
@@ -114,11 +117,39 @@ void testTuneGroup() {
     CHECK(second[0].calibrationMs == 0 && second[0].tuning.source.rfind("cache ", 0) == 0, second[0].tuning.source);
     CHECK(second[0].tuning.serialize() == first[0].tuning.serialize(), "the cache holds what was fitted");
 
-    // One rank's cache differs (another key): all recalibrate together.
+    // Refined choices saved under that tuning: the next group reads them on
+    // every rank; saving again gets what was saved.
+    const std::string line = "65536 flat ring 0 ring=1.000\n";
+    CHECK(second[0].refined.empty() && second[0].refinedPath == second[0].cachePath.substr(0, second[0].cachePath.size() - 4) + ".refined",
+          second[0].refinedPath);
+    CHECK(saveRefined(second[0], [&](const std::string& before) { return before + line; }).empty(), "not saved");
+    auto refined = tuneAll(g, policies);
+    for (const auto& o : refined) CHECK(o.refined == line && o.calibrationMs == 0, "n=", n, ": '", o.refined, "'");
+    std::string before;
+    saveRefined(refined[0], [&](const std::string& b) { return before = b; });
+    CHECK(before == line, "saving again got '", before, "'");
+
+    // One rank reads other refined choices (a folder of its own, with the
+    // same tuning): the tuning is used, the choices are not.
+    TuningPolicy other = p;
+    other.cacheDir = dir + "/other";
+    std::filesystem::create_directories(other.cacheDir);
+    std::filesystem::copy_file(second[0].cachePath, other.cacheDir + second[0].cachePath.substr(p.cacheDir.size()));
+    policies[1] = other;
+    auto mixed = tuneAll(g, policies);
+    saveRefined(mixed[1], [&](const std::string&) { return "65536 flat direct 0 direct=1.000\n"; });
+    mixed = tuneAll(g, policies);
+    for (const auto& o : mixed) CHECK(o.refined.empty() && o.calibrationMs == 0, "disagreeing choices were used");
+    policies[1] = p;
+
+    // One rank's cache differs (another key): all recalibrate together, and
+    // the choices saved under the old tuning are not read.
     policies[1].cacheKey = "another key";
     auto third = tuneAll(g, policies);
     checkSame(third, "disagreeing caches");
     CHECK(third[0].calibrationMs > 0, "disagreeing caches were used: ", third[0].tuning.source);
+    policies[1] = p;
+    for (const auto& o : tuneAll(g, policies)) CHECK(o.refined.empty(), "choices of an old tuning were used");
 
     // The table: no exchange at all, on any rank.
     std::vector<TuningPolicy> table{size_t(n), TuningPolicy{}};

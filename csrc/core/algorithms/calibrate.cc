@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -83,12 +84,18 @@ class Calibration {
     collx::allreduce(op_, algo, buf, count, cpuReduceFn(dtype, op));
   }
 
-  // Whether every rank passed the same value.
-  bool allAgree(uint64_t value) {
-    const int64_t v = int64_t(value >> 2) + 1;  // positive, so that -v fits
-    int64_t both[2] = {v, -v};
-    allreduce(Algorithm::kDirect, DataType::kInt64, ReduceOp::kMax, both, 2);
-    return both[0] == -both[1];
+  // Per value, whether every rank passed the same.
+  template <size_t N>
+  std::array<bool, N> allAgree(const std::array<uint64_t, N>& values) {
+    int64_t both[2 * N];  // each value, then its negation: the max of both is the max and -min
+    for (size_t i = 0; i < N; ++i) {
+      both[i] = int64_t(values[i] >> 2) + 1;  // positive, so that its negation fits
+      both[N + i] = -both[i];
+    }
+    allreduce(Algorithm::kDirect, DataType::kInt64, ReduceOp::kMax, both, 2 * N);
+    std::array<bool, N> out;
+    for (size_t i = 0; i < N; ++i) out[i] = both[i] == -both[N + i];
+    return out;
   }
 
   Tuning measure(const std::string& source, double* ms) {
@@ -145,17 +152,38 @@ class Calibration {
   uint64_t next_ = 0;
 };
 
+std::string refinedHeader(uint64_t tuningHash) {
+  char out[64];
+  std::snprintf(out, sizeof out, "collx-refined 1 for tuning %016llx\n", static_cast<unsigned long long>(tuningHash));
+  return out;
+}
+
+// The choices saved at `path` for the tuning whose text hashes to `tuningHash`, or "".
+std::string readRefined(const std::string& path, uint64_t tuningHash) {
+  std::string text;
+  const std::string header = refinedHeader(tuningHash);
+  if (path.empty() || !readFile(path, &text) || text.compare(0, header.size(), header) != 0) return "";
+  return text.substr(header.size());
+}
+
 }  // namespace
 
+std::string saveRefined(const TuningOutcome& out, const std::function<std::string(const std::string&)>& text) {
+  if (out.refinedPath.empty()) return "";
+  const std::string body = text(readRefined(out.refinedPath, out.cacheHash));
+  const std::string dir = out.refinedPath.substr(0, out.refinedPath.rfind('/'));
+  return writeFileAtomically(dir, out.refinedPath, refinedHeader(out.cacheHash) + body);
+}
+
 TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
-  TuningOutcome out{Tuning::table(), 0, "", ""};
+  TuningOutcome out;
   if (policy.mode == TuningPolicy::Mode::kTable || c.size() <= 1) return out;
   Calibration cal(c);
   std::string text;
   if (policy.mode == TuningPolicy::Mode::kFile) {
     if (!readFile(policy.file, &text)) throw Error(str("collx: cannot read the tuning file ", policy.file));
     out.tuning = Tuning::parse(text, str("file ", policy.file));
-    if (!cal.allAgree(fnv1a(text))) {
+    if (!cal.allAgree(std::array<uint64_t, 1>{fnv1a(text)})[0]) {
       throw Error(str("collx: the tuning file ", policy.file, " differs between ranks (COLLX_TUNING)"));
     }
     return out;
@@ -173,14 +201,25 @@ TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
     } catch (const Error&) {  // a damaged cache is recalibrated and rewritten
     }
   }
-  if (cal.allAgree(mine) && mine != 0) {
+  // The refined choices: "tuning-<key hash>.refined" beside the cache.
+  const std::string refinedPath = path.empty() ? "" : path.substr(0, path.size() - 4) + ".refined";
+  std::string refined = mine != 0 ? readRefined(refinedPath, mine) : "";
+  const auto agreed = cal.allAgree(std::array<uint64_t, 2>{mine, refined.empty() ? 0 : fnv1a(refined)});
+  if (agreed[0] && mine != 0) {
     out.tuning = cached;
+    out.cacheHash = mine;
+    out.refinedPath = refinedPath;
+    if (agreed[1]) out.refined = std::move(refined);
     return out;
   }
   out.tuning = cal.measure("calibration", &out.calibrationMs);
   if (!path.empty()) {
-    out.cacheWarning = writeFileAtomically(policy.cacheDir, path,
-                                           str("# ", policy.cacheKey, "\n", out.tuning.serialize()));
+    text = str("# ", policy.cacheKey, "\n", out.tuning.serialize());
+    out.cacheWarning = writeFileAtomically(policy.cacheDir, path, text);
+    if (out.cacheWarning.empty()) {
+      out.cacheHash = fnv1a(text);
+      out.refinedPath = refinedPath;
+    }
   }
   return out;
 }

@@ -14,10 +14,17 @@
 //   4. Write the result to the cache file (atomically: a temporary, then a
 //      rename), for later groups and runs with the same key.
 //
+// Beside the cache file, the choices online refinement settled on under
+// that tuning (refine.h) are saved (saveRefined). Step 1 agrees on them as
+// on the tuning, in the same all-reduce: a group seeds them only where every
+// rank read the same, for the tuning in use.
+//
 // The calibration's messages are kCalibrate frames with sequence numbers of
 // their own, so they never meet the group's ops.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 #include "collective.h"
@@ -34,15 +41,23 @@ struct TuningPolicy {
 
 // What tuneGroup did, for the log.
 struct TuningOutcome {
-  Tuning tuning;
+  Tuning tuning = Tuning::table();
   double calibrationMs = 0;   // 0 when nothing was timed
   std::string cacheWarning;   // non-empty when the cache could not be written
   std::string cachePath;      // kCalibrate: the cache file read or written ("" = none)
+  uint64_t cacheHash = 0;     // of its text
+  std::string refinedPath;    // where refined choices under that tuning are saved ("" = none)
+  std::string refined;        // the saved choices every rank read (Refiner::seed's text), or ""
 };
 
 // Steps 1 to 4 above. Every rank must call it, with the same policy mode, as
 // the group's first collective. Throws Error on a failed peer, a timeout, or
 // a tuning file that is unreadable or differs between ranks.
 TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy);
+
+// Saves refined choices beside `out`'s cache: `text` gets the choices saved
+// there before (for the same tuning, else "") and returns the new ones
+// (Refiner::save). Returns why it could not, or "".
+std::string saveRefined(const TuningOutcome& out, const std::function<std::string(const std::string&)>& text);
 
 }  // namespace collx

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -124,7 +126,10 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   std::unique_lock<std::mutex> lock(mu_);
   auto [it, isNew] = classes_.try_emplace(keyOf(bytes, choice));
   Class& k = it->second;
-  if (isNew) k = fresh(c, bytes, choice);
+  if (isNew) {
+    k = fresh(c, bytes, choice);
+    if (auto seed = seeds_.find(it->first); seed != seeds_.end() && k.count >= 2) apply(seed->second, k);
+  }
   if (k.count < 2) return choice;
   if (k.kept >= 0 && k.checkOps == 0) {
     if (++k.keptOps <= k.recheckOps) return k.candidate[k.kept];
@@ -137,17 +142,20 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
     k = std::move(next);
   }
   std::string stale;
-  while (k.kept < 0) {
-    if (k.roundRuns < k.activeCount * k.block) {
-      const int run = k.roundRuns++;
-      const int i = k.active[run / k.block];
-      ++k.runs;
-      if (run % k.block >= skipped(k.block)) pending_ = &k.trial[i][k.round];
-      return k.candidate[i];
+  for (;;) {  // a check may end in a trial (a saved choice that no longer holds)
+    while (k.kept < 0) {
+      if (k.roundRuns < k.activeCount * k.block) {
+        const int run = k.roundRuns++;
+        const int i = k.active[run / k.block];
+        ++k.runs;
+        if (run % k.block >= skipped(k.block)) pending_ = &k.trial[i][k.round];
+        return k.candidate[i];
+      }
+      endRound(c, cls, k, lock, stale);
     }
-    endRound(c, cls, k, lock, stale);
+    if (k.checkOps == 0 || k.checkRuns < k.checkOps) break;
+    endCheck(c, bytes, k, lock);
   }
-  while (k.checkOps > 0 && k.checkRuns == k.checkOps) endCheck(c, k, lock);
   const Algorithm run = k.candidate[k.kept];
   std::string line;
   if (k.checkOps > 0) {
@@ -204,17 +212,23 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
   }
 }
 
-void Refiner::endCheck(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock) {
+void Refiner::endCheck(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock) {
   double sum = lowerMedian(k.check, 2);
   agree(c, &sum, 1, lock);
   const int now = k.kept;
   double us = sum / c.size();
+  if (k.seeded && us > kTrustRatio * k.agreedUs[now]) {  // the saved choice no longer holds: a trial
+    k = fresh(c, bytes, k.candidate[0]);
+    return;
+  }
+  k.saved = std::exchange(k.seeded, false);
   if (k.firstChecked[now]) us = std::min(us, k.firstUs[now]);  // a spell only slows ops down
   k.agreedUs[now] = k.checks[now]++ > 0 ? std::min(k.agreedUs[now], us) : us;
   k.checkOps = 0;
   k.checkRuns = 0;
   k.check[0].us.clear();
   k.check[1].us.clear();
+  if (k.saved) return;  // settled, as the saved choice was (doubted or not)
   const int back = std::exchange(k.lookBack, -1);
   if (back >= 0 && k.checks[back] < 2) {  // a second look at the one this class left
     k.kept = back;
@@ -307,7 +321,78 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
                        : str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us");
     out += str(": tried again after ", k.recheckOps, " ops");
   }
+  if (k.saved) out += "; the saved choice, checked";
   return out;
+}
+
+void Refiner::apply(const Seed& s, Class& k) {
+  int kept = -1;
+  for (int i = 0; i < k.count; ++i) {
+    for (const auto& [a, us] : s.us) {
+      if (a == k.candidate[i]) k.agreedUs[i] = k.trialUs[i] = us;
+    }
+    if (k.candidate[i] == s.kept && k.agreedUs[i] > 0) kept = i;
+  }
+  if (kept < 0) {  // saved under other candidates: a trial, as if none was saved
+    std::fill(std::begin(k.agreedUs), std::end(k.agreedUs), 0.0);
+    std::fill(std::begin(k.trialUs), std::end(k.trialUs), 0.0);
+    return;
+  }
+  k.kept = kept;
+  k.checkOps = checkOpsFor(k.agreedUs[kept]);
+  k.seeded = true;
+  k.doubted = s.doubted;  // a doubted choice still gets its second trial
+  k.second = !s.doubted;
+}
+
+std::string Refiner::save(const std::string& previous) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  std::set<std::string> mine;
+  for (const auto& [key, k] : classes_) {
+    if (k.count < 2 || k.kept < 0 || k.checkOps > 0) continue;
+    std::string line = str(key.first, key.second ? " one" : " flat");
+    mine.insert(line);
+    line += str(" ", name(k.candidate[k.kept]), " ", int(k.doubted));
+    char us[48];
+    for (int i = 0; i < k.count; ++i) {
+      if (k.agreedUs[i] <= 0) continue;
+      std::snprintf(us, sizeof us, " %s=%.3f", name(k.candidate[i]), k.agreedUs[i]);
+      line += us;
+    }
+    out += line + "\n";
+  }
+  std::istringstream in(previous);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string bytes, kind;
+    if (words >> bytes >> kind && !mine.count(bytes + " " + kind)) out += line + "\n";
+  }
+  return out;
+}
+
+void Refiner::seed(const std::string& text) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    size_t bytes = 0;
+    std::string kind, kept, pair;
+    int doubted = 0;
+    if (!(words >> bytes >> kind >> kept >> doubted) || bytes == 0 || (kind != "one" && kind != "flat")) continue;
+    try {
+      Seed s{parseAlgorithm(kept.c_str()), doubted != 0, {}};
+      while (words >> pair) {
+        const size_t eq = pair.find('=');
+        if (eq == std::string::npos) throw Error("no '='");
+        const double us = std::stod(pair.substr(eq + 1));
+        if (!(us > 0 && us < 1e12)) throw Error("not a time");
+        s.us.emplace_back(parseAlgorithm(pair.substr(0, eq).c_str()), us);
+      }
+      seeds_[{bytes, kind == "one"}] = std::move(s);
+    } catch (const std::exception&) {  // a damaged line: that class runs its trial
+    }
+  }
 }
 
 std::string Refiner::describe() const {

@@ -41,6 +41,13 @@
 // Where the model predicted its choice kStaleRatio times slower than the
 // group measured, it was fitted on a busier machine: onStale says so once,
 // so that the cache is dropped and the next group calibrates again.
+//
+// Saved choices: save() gives the settled classes (the kept one, every
+// candidate's agreed time), which the glue keeps beside the calibration
+// cache; the next group with that cache seeds them. A seeded class skips
+// its trial and starts at the check of its kept choice: within kTrustRatio
+// of its saved time, it settles there (the next run of a job pays no trial);
+// over it, the machine is not what it was, and a trial follows.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +82,7 @@ class Refiner {
   static constexpr double kSpellRatio = 2.5;      // measured / predicted that calls for a second trial
   static constexpr double kConfirmUs = 5e6;       // of the kept one's ops before that trial
   static constexpr uint64_t kConfirmOps = 4096;   // or this many ops
+  static constexpr double kTrustRatio = 1.25;     // a saved choice's checked time / its saved time that it may keep
 
   // What an auto all-reduce of `bytes` runs, where the model (with the
   // rules before it) chose `choice`. May run an agreement all-reduce on
@@ -101,6 +109,14 @@ class Refiner {
   // and before the second trial of a doubted one.
   static uint64_t recheckOpsFor(double us);
   static uint64_t confirmOpsFor(double us);
+
+  // The settled classes, one line each: "<class bytes> <one|flat> <kept>
+  // <doubted 0|1> <algorithm>=<agreed us> ...". With `previous` (an
+  // earlier save()'s text), its lines of classes not settled here are kept.
+  std::string save(const std::string& previous = "") const;
+  // Classes to start from, from save()'s text; call before the first op.
+  // Lines that do not parse are ignored.
+  void seed(const std::string& text);
 
   // One line per class that has settled on a choice, for the log and
   // backend.tuning: "refined: 64 KiB: ring (27.9 us) over direct (35.1 us)",
@@ -150,19 +166,29 @@ class Refiner {
     bool second = false;           // this is that second trial
     double firstUs[kMax] = {};     // and the first one's agreed times
     bool firstChecked[kMax] = {};  // firstUs[i] is from a check
+    bool seeded = false;           // the kept one is a saved choice, in its check
+    bool saved = false;            // it was, and its check kept it
+  };
+  struct Seed {
+    Algorithm kept;
+    bool doubted;
+    std::vector<std::pair<Algorithm, double>> us;  // agreed times
   };
   static Class fresh(const Collective& c, size_t bytes, Algorithm choice);
+  // Starts k (fresh) at the check of the seed's kept choice, where k has it among its candidates.
+  static void apply(const Seed& s, Class& k);
   // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
   // maybe switches); both unlock `lock` around the agreement. `stale` gets
   // what shows the model stale, where a trial end shows it.
   void endRound(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock, std::string& stale);
-  void endCheck(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock);
+  void endCheck(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock);
   // SUM of `n` values across the group (every rank calls it at the same op).
   void agree(const Collective& c, double* values, int n, std::unique_lock<std::mutex>& lock);
   static std::string describe(size_t bytes, const Class& k);
 
   mutable std::mutex mu_;  // describe() may run in another thread than the ops
   std::map<std::pair<size_t, bool>, Class> classes_;  // by keyOf (refine.cc): the class, one round or not
+  std::map<std::pair<size_t, bool>, Seed> seeds_;     // saved choices, by the same key
   Block* pending_ = nullptr;  // where ran() puts the time of the running op
   uint64_t agreements_ = 0;
   bool stale_ = false;

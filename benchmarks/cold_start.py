@@ -1,0 +1,126 @@
+"""How fast auto's all-reduce is from the first op: a job's first run and its
+second run on the same machine (issue 35, item 3).
+
+Each repeat makes a fresh calibration cache and runs the same torchrun job
+twice against it. In each run, one collx group (auto, as users make it) does:
+
+  cold    at each size in turn, the first --ops all-reduces (dist.all_reduce),
+          timed as a whole: what a short job or a user's benchmark pays;
+  settle  more ops of each size until auto stops refining (or --settle-s);
+  warm    interleaved rounds of --ops ops each (fewer at large sizes): the
+          auto group, and one group per forced algorithm, made after the
+          cold ops (torchcollx.Options(algorithm=...)).
+
+The table gives, per size and run, the medians over repeats of the cold
+mean per op over the warm one (target: the second run <= 1.1) and of the
+cold mean over the best forced algorithm's warm time (target <= 1.10).
+Times are per op, the max over ranks.
+
+    .venv/bin/python benchmarks/cold_start.py --ranks 2 --repeats 3
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+
+    import torchcollx  # noqa: F401  (registers the collx backend)
+    from bench_common import agreed_max, interleaved_medians, parse_size, run_ops
+
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="collx")
+    backend = group._get_backend(torch.device("cpu"))
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    bufs = {b: torch.ones(b // 4) for b in sizes}
+    rows = []
+    for b in sizes:  # cold: the first ops of each size
+        ts = run_ops(group, bufs[b], args.ops)
+        rows.append({"bytes": b, "cold_us": agreed_max((ts[-1] - ts[0]) / args.ops * 1e6),
+                     "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6)})
+    for row in rows:  # settle: every rank stops at the same op, by the agreed flags
+        b, start = row["bytes"], time.perf_counter()
+        while True:
+            run_ops(group, bufs[b], 20)
+            still, late = agreed_max(float(backend.refining(b)), float(time.perf_counter() - start > args.settle_s))
+            if not still or late:
+                row["settled"] = not still
+                break
+    forced = ["ring", "tree", "star", "direct"] + (["shm"] if "shared memory" in backend.transport else [])
+    groups = {"auto": group, **{a: dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=a))
+                                for a in forced}}
+    for row in rows:
+        b = row["bytes"]
+        k = max(10, min(args.ops, int(0.15e6 / row["cold_us"])))
+        warm = interleaved_medians(groups, bufs[b], args.rounds, k)
+        row["warm_us"] = warm["auto"] * 1e6
+        row["forced_us"] = {a: warm[a] * 1e6 for a in forced}
+        row["chose"] = backend.choose_allreduce(b)
+    if dist.get_rank() == 0:
+        Path(args.json).write_text(json.dumps({"rows": rows, "tuning": backend.tuning}))
+    dist.destroy_process_group()
+
+
+def run_job(args, cache, out):
+    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    cmd = [str(BIN / "torchrun"), f"--nproc_per_node={args.ranks}", str(Path(__file__).resolve()), "--worker",
+           "--sizes", args.sizes, "--ops", str(args.ops), "--settle-s", str(args.settle_s), "--rounds",
+           str(args.rounds), "--json", out]
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=1800, cwd=HERE)
+    return json.loads(Path(out).read_text())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--sizes", default="4K,64K,1M,16M")
+    p.add_argument("--ops", type=int, default=100, help="cold ops per size, and most ops per warm turn")
+    p.add_argument("--settle-s", type=float, default=8.0, help="most seconds of ops per size to settle")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved warm rounds")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", help="(worker) where rank 0 writes its rows")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    runs = {"first": [], "second": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            cache = tempfile.mkdtemp(dir=tmp)
+            for label in runs:
+                runs[label].append(run_job(args, cache, f"{tmp}/{label}{i}.json"))
+            print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr)
+    last = runs["second"][-1]["tuning"]
+    print(f"n={args.ranks}, float32 SUM; first {args.ops} ops per size, cold; medians over {args.repeats} repeats; "
+          "us per op, max over ranks")
+    print("| run | bytes | cold mean | first op | warm auto | best forced (warm) | cold/warm | cold/best | "
+          "warm/best | settled |")
+    print("|---" * 10 + "|")
+    for label, reps in runs.items():
+        for j, row in enumerate(reps[0]["rows"]):
+            def med(f):
+                return statistics.median(f(r["rows"][j]) for r in reps)
+            best = med(lambda r: min(r["forced_us"].values()))
+            names = sorted({min(r["rows"][j]["forced_us"], key=r["rows"][j]["forced_us"].get) for r in reps})
+            print(f"| {label} | {row['bytes']} | {med(lambda r: r['cold_us']):.1f} | "
+                  f"{med(lambda r: r['first_op_us']):.1f} | {med(lambda r: r['warm_us']):.1f} | "
+                  f"{best:.1f} ({'/'.join(names)}) | {med(lambda r: r['cold_us'] / r['warm_us']):.2f} | "
+                  f"{med(lambda r: r['cold_us'] / min(r['forced_us'].values())):.2f} | "
+                  f"{med(lambda r: r['warm_us'] / min(r['forced_us'].values())):.2f} | "
+                  f"{sum(r['rows'][j].get('settled', False) for r in reps)}/{len(reps)} |")
+    print(f"\nsecond run's last tuning: {last}")
+
+
+if __name__ == "__main__":
+    main()
