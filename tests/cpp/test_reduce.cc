@@ -2,6 +2,7 @@
 // plus the errors for meaningless combinations.
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "../../csrc/core/error.h"
 #include "../../csrc/core/reduce/reduce.h"
@@ -87,6 +88,40 @@ float bf16Dec(uint16_t h) { uint32_t u = uint32_t(h) << 16; float f; memcpy(&f, 
 uint16_t f16Enc(float f) { _Float16 h = _Float16(f); uint16_t u; memcpy(&u, &h, 2); return u; }
 float f16Dec(uint16_t u) { _Float16 h; memcpy(&h, &u, 2); return float(h); }
 
+// bfloat16 rounded to nearest even, NaN made quiet: what the kernels must give.
+uint16_t bf16Round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Every op over random bit patterns (NaN, infinities, subnormals, values
+// that round to a tie) at lengths with every tail of the 8- and 16-wide
+// kernels: each result is the op in float32, rounded once.
+void checkHalfRounding(DataType dt, uint16_t (*round)(float), float (*dec)(uint16_t)) {
+  std::mt19937 rng(7);
+  for (size_t n : {1, 7, 8, 9, 15, 16, 17, 31, 1003}) {
+    std::vector<uint16_t> a(n), b(n);
+    for (size_t i = 0; i < n; ++i) a[i] = uint16_t(rng()), b[i] = uint16_t(rng());
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+      std::vector<uint16_t> d = a;
+      cpuReduceFn(dt, op)(d.data(), b.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float x = dec(a[i]), y = dec(b[i]);
+        const float want = op == ReduceOp::kSum       ? x + y
+                           : op == ReduceOp::kProduct ? x * y
+                           : op == ReduceOp::kMin     ? ((x != x || x < y) ? x : y)
+                                                      : ((x != x || x > y) ? x : y);
+        const bool same = std::isnan(want) ? std::isnan(dec(d[i])) && (dt != DataType::kBFloat16 || d[i] == round(want))
+                                           : d[i] == round(want);
+        CHECK(same, name(dt), " ", name(op), " n=", n, " i=", i, ": ", a[i], ", ", b[i], " gave ", d[i], " not ",
+              round(want));
+      }
+    }
+  }
+}
+
 bool throws(const std::function<void()>& fn) {
   try { fn(); } catch (const Error&) { return true; }
   return false;
@@ -103,6 +138,8 @@ int main() {
   checkFloat<double>(DataType::kFloat64);
   checkHalf(DataType::kBFloat16, bf16Enc, bf16Dec);
   checkHalf(DataType::kFloat16, f16Enc, f16Dec);
+  checkHalfRounding(DataType::kBFloat16, bf16Round, bf16Dec);
+  checkHalfRounding(DataType::kFloat16, f16Enc, f16Dec);
 
   // bool: SUM/MAX are OR, PRODUCT/MIN are AND, results stay 0/1.
   uint8_t x[4] = {0, 0, 1, 1}, y[4] = {0, 1, 0, 1};

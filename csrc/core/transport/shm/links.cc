@@ -20,6 +20,7 @@ constexpr size_t kPage = 4096;
 constexpr size_t kMaxRingBytes = 1 << 20;
 constexpr size_t kMinRingBytes = 64 << 10;
 constexpr size_t kRingBudget = 32 << 20;  // per rank: all its inbound rings
+constexpr size_t kPopulatedRanks = 8;      // local ranks up to which setup maps the collectives' memory
 
 struct SegmentHeader {
   uint64_t magic;
@@ -213,6 +214,20 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     }
     if (!everyPair) std::fill(result.windows.begin(), result.windows.end(), nullptr);
     result.readPeers = everyPair && readAll;
+  }
+
+  // What the collectives write and read, mapped now, for few local ranks
+  // (the first ops of 1 MiB and more touch all of it anyway): the
+  // collectives' rings each way, and the windows where the group has them.
+  if (linked > 0 && peers.size() < kPopulatedRanks) {
+    const bool windows = int(peers.size()) == size - 1 && result.windows[size_t(rank)] != nullptr;
+    for (int peer : peers) {
+      if (!result.collectives[size_t(peer)]) continue;
+      own->populate(kPage + size_t(slotOf(hosts, rank, peer)) * slotBytes(ring), ringStride(ring));
+      theirs[size_t(peer)]->populate(kPage + size_t(slotOf(hosts, peer, rank)) * slotBytes(ring), ringStride(ring));
+      if (windows) theirs[size_t(peer)]->populate(windowAt, bytes - windowAt);
+    }
+    if (windows) own->populate(windowAt, bytes - windowAt);
   }
 
   if (!failures.empty()) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -36,6 +37,15 @@ Segment::~Segment() {
 void Segment::closeFd() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+}
+
+void Segment::populate(size_t offset, size_t bytes) const {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t from = offset / page * page, to = std::min(size_, offset + bytes);
+  if (data_ && from < to) ::madvise(data_ + from, to - from, MADV_POPULATE_WRITE);
 }
 
 Segment Segment::create(size_t bytes) {

@@ -29,6 +29,10 @@ class Segment {
 
   char* data() const { return data_; }
   size_t size() const { return size_; }
+  // Maps the pages of [offset, offset + bytes) now, writable, where the
+  // kernel can (Linux 5.14+), so that the first ops do not fault them in
+  // one by one. Best effort: the pages fault in on first use otherwise.
+  void populate(size_t offset, size_t bytes) const;
   // The creator's descriptor, open until every peer has attached.
   int fd() const { return fd_; }
   void closeFd();

@@ -1,0 +1,65 @@
+"""16-bit float all-reduce beside float32 at equal bytes (issue 35: bf16 and
+fp16 at the float32 byte rate), on one collx group (auto), in place, SUM.
+
+    .venv/bin/torchrun --nproc_per_node=2 benchmarks/half_allreduce.py [--sizes 64K,1M,16M] [--rounds 7]
+
+Each size is checked first (rank r contributes r+1; the sum n(n+1)/2 is
+exact in every dtype here), then float32, bfloat16 and float16 buffers of
+the same bytes take turns in shuffled rounds (bench_common.interleaved);
+the table gives each dtype's median turn, max over ranks, and its time over
+float32's (target <= 1.1).
+"""
+import argparse
+
+import torch
+import torch.distributed as dist
+
+import torchcollx  # noqa: F401  (registers the collx backend)
+from bench_common import interleaved, parse_size, run_ops
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="64K,1M,16M")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--time-per-turn", type=float, default=0.1, help="seconds of ops per turn")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="collx")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        print(f"n={n}, SUM in place, equal bytes per dtype; median of {args.rounds} interleaved turns, max over ranks")
+        print("| bytes | float32 us | bfloat16 us | float16 us | bf16/fp32 | fp16/fp32 |")
+        print("|---|---|---|---|---|---|")
+    for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+        bufs = {}
+        for name, dt in DTYPES.items():
+            t = torch.full((nbytes // t_size(dt),), float(rank + 1), dtype=dt)
+            dist.all_reduce(t, group=group)
+            assert bool((t == n * (n + 1) / 2).all()), f"{name} at {nbytes} B: wrong sum"
+            bufs[name] = t
+        # Ops per turn from float32's pace, alike on every rank.
+        ts = run_ops(group, bufs["float32"], 5)
+        per_op = torch.tensor([(ts[-1] - ts[0]) / 5])
+        dist.all_reduce(per_op, op=dist.ReduceOp.MAX)
+        k = max(5, min(2000, int(args.time_per_turn / per_op.item())))
+
+        def turn(buf):
+            run_ops(group, buf, 1)
+            ts = run_ops(group, buf, k)
+            return (ts[-1] - ts[0]) / k
+        times = interleaved({name: (lambda b=b: turn(b)) for name, b in bufs.items()}, args.rounds)
+        if rank == 0:
+            f32, bf, fp = (times[d] * 1e6 for d in DTYPES)
+            print(f"| {nbytes} | {f32:.1f} | {bf:.1f} | {fp:.1f} | {bf / f32:.2f} | {fp / f32:.2f} |")
+    dist.destroy_process_group()
+
+
+def t_size(dtype):
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+if __name__ == "__main__":
+    main()
