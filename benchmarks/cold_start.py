@@ -4,6 +4,8 @@ second run on the same machine (issue 35, item 3).
 Each repeat makes a fresh calibration cache and runs the same torchrun job
 twice against it. In each run, one collx group (auto, as users make it) does:
 
+  first   the group's first all-reduce (4 B), timed apart: it carries the
+          ranks' skew after creation and the process's first call, not a size's;
   cold    at each size in turn, the first --ops all-reduces (dist.all_reduce),
           timed as a whole: what a short job or a user's benchmark pays;
   settle  more ops of each size until auto stops refining (or --settle-s);
@@ -44,6 +46,8 @@ def worker(args):
     backend = group._get_backend(torch.device("cpu"))
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     bufs = {b: torch.ones(b // 4) for b in sizes}
+    ts = run_ops(group, torch.ones(1), 1)
+    group_first_us = agreed_max((ts[1] - ts[0]) * 1e6)
     rows = []
     for b in sizes:  # cold: the first ops of each size
         ts = run_ops(group, bufs[b], args.ops)
@@ -68,7 +72,8 @@ def worker(args):
         row["forced_us"] = {a: warm[a] * 1e6 for a in forced}
         row["chose"] = backend.choose_allreduce(b)
     if dist.get_rank() == 0:
-        Path(args.json).write_text(json.dumps({"rows": rows, "tuning": backend.tuning}))
+        Path(args.json).write_text(json.dumps({"rows": rows, "tuning": backend.tuning,
+                                               "group_first_us": group_first_us}))
     dist.destroy_process_group()
 
 
@@ -77,7 +82,10 @@ def run_job(args, cache, out):
     cmd = [str(BIN / "torchrun"), f"--nproc_per_node={args.ranks}", str(Path(__file__).resolve()), "--worker",
            "--sizes", args.sizes, "--ops", str(args.ops), "--settle-s", str(args.settle_s), "--rounds",
            str(args.rounds), "--json", out]
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=1800, cwd=HERE)
+    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800,
+                          cwd=HERE)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
     return json.loads(Path(out).read_text())
 
 
@@ -119,6 +127,9 @@ def main():
                   f"{med(lambda r: r['cold_us'] / min(r['forced_us'].values())):.2f} | "
                   f"{med(lambda r: r['warm_us'] / min(r['forced_us'].values())):.2f} | "
                   f"{sum(r['rows'][j].get('settled', False) for r in reps)}/{len(reps)} |")
+    for label, reps in runs.items():
+        print(f"{label} run: the group's first 4-byte all-reduce took "
+              f"{statistics.median(r['group_first_us'] for r in reps):.0f} us (median)")
     print(f"\nsecond run's last tuning: {last}")
 
 
