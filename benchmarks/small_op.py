@@ -1,0 +1,100 @@
+"""Where a small all-reduce's time goes: torch's per-call floor, collx's op,
+and the wait for the peers (issue 35, item 2).
+
+For each setting it runs a torchrun job at n=1 (a one-rank group: the floor,
+every layer but the peers) and at n=2, each timing back-to-back
+dist.all_reduce calls of each size on a collx group (auto), and prints:
+
+  per call   wall time per dist.all_reduce, max over ranks
+  in op      the op's own run (get_stats' seconds per call of its algorithm:
+             the algorithm, its waits for the peers, from the op's start on
+             collx's side to its end), rank 0
+  beyond     the n=2 call minus the n=1 call: what the peer adds
+
+Settings: as users run (the flight recorder on, torch's default), and with
+TORCH_FR_BUFFER_SIZE=0 (no recorder entries).
+
+    .venv/bin/python benchmarks/small_op.py [--sizes 4,4K,64K] [--seconds 2]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+
+    import torchcollx
+    from bench_common import agreed_max, parse_size
+
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="collx")
+    rows = []
+    for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+        t = torch.ones(max(1, nbytes // 4))
+        for _ in range(2000):  # past auto's trial of this size
+            dist.all_reduce(t, group=group)
+        before = torchcollx.get_stats(group)["algorithms"]
+        ops, start = 0, time.perf_counter()
+        while True:  # rounds of 500 calls, every rank stopping at the same one
+            for _ in range(500):
+                dist.all_reduce(t, group=group)
+            ops += 500
+            if agreed_max(float(time.perf_counter() - start > args.seconds)):
+                break
+        per_call = agreed_max((time.perf_counter() - start) / ops * 1e6)
+        after = torchcollx.get_stats(group)["algorithms"]
+        ran = {k: v for k, v in after.items() if v["calls"] != before.get(k, {}).get("calls", 0)}
+        calls = sum(v["calls"] - before.get(k, {}).get("calls", 0) for k, v in ran.items())
+        secs = sum(v["seconds"] - before.get(k, {}).get("seconds", 0.0) for k, v in ran.items())
+        rows.append({"bytes": nbytes, "per_call_us": per_call, "in_op_us": secs / calls * 1e6,
+                     "algorithms": sorted(k.split("/")[-1] for k in ran)})
+    if dist.get_rank() == 0:
+        Path(args.json).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def run(n, env, args, out):
+    cmd = [str(BIN / "torchrun"), f"--nproc_per_node={n}", str(Path(__file__).resolve()), "--worker", "--sizes",
+           args.sizes, "--seconds", str(args.seconds), "--json", out]
+    done = subprocess.run(cmd, env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, timeout=900, cwd=HERE)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+    return json.loads(Path(out).read_text())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="4,4K,64K")
+    p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per size")
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    settings = {"recorder on (default)": {}, "TORCH_FR_BUFFER_SIZE=0": {"TORCH_FR_BUFFER_SIZE": "0"}}
+    print("us per call; 'in op': the op's run on collx's side (get_stats), rank 0")
+    print("| setting | bytes | n=1 per call | n=1 in op | n=2 per call | n=2 in op | n=2 algorithm | beyond n=1 |")
+    print("|---" * 8 + "|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, env in settings.items():
+            one = run(1, env, args, f"{tmp}/one.json")
+            two = run(2, env, args, f"{tmp}/two.json")
+            for a, b in zip(one, two):
+                print(f"| {label} | {a['bytes']} | {a['per_call_us']:.2f} | {a['in_op_us']:.2f} | "
+                      f"{b['per_call_us']:.2f} | {b['in_op_us']:.2f} | {'/'.join(b['algorithms'])} | "
+                      f"{b['per_call_us'] - a['per_call_us']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
