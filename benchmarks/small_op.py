@@ -38,11 +38,15 @@ def worker(args):
 
     dist.init_process_group("gloo")
     group = dist.new_group(backend="collx")
+    backend = group._get_backend(torch.device("cpu"))
     rows = []
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
         t = torch.ones(max(1, nbytes // 4))
-        for _ in range(2000):  # past auto's trial of this size
-            dist.all_reduce(t, group=group)
+        for _ in range(100):  # past auto's trials of this size, alike on every rank
+            for _ in range(500):
+                dist.all_reduce(t, group=group)
+            if not agreed_max(float(backend.refining(nbytes))):
+                break
         before = torchcollx.get_stats(group)["algorithms"]
         ops, start = 0, time.perf_counter()
         while True:  # rounds of 500 calls, every rank stopping at the same one
