@@ -1,9 +1,14 @@
 """Helpers shared by the benchmark scripts (sizes, iteration bounds, a max
-over ranks through the gloo default group, timed all-reduces and the
-interleaved rounds)."""
+over ranks through the gloo default group, timed all-reduces, the
+interleaved rounds, and torchrun jobs whose rank 0 writes JSON)."""
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -100,3 +105,15 @@ def interleaved_medians(groups, buf, rounds, k):
         return (ts[-1] - ts[0]) / k
     return interleaved({n: (lambda g=g: turn(*g) if isinstance(g, tuple) else turn(g)) for n, g in groups.items()},
                        rounds)
+
+
+def torchrun_json(script, n, args, out, env=None):
+    """Runs `script` under torchrun on n local ranks with `args` plus
+    `--json out`, and returns what its rank 0 wrote there. The job's output
+    is shown only if it fails."""
+    cmd = [str(Path(sys.executable).parent / "torchrun"), f"--nproc_per_node={n}", str(script), *args, "--json", out]
+    done = subprocess.run(cmd, env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, timeout=1800, cwd=Path(script).parent)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+    return json.loads(Path(out).read_text())

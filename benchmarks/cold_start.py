@@ -22,16 +22,13 @@ Times are per op, the max over ranks.
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
+from bench_common import torchrun_json
 
 
 def worker(args):
@@ -78,15 +75,9 @@ def worker(args):
 
 
 def run_job(args, cache, out):
-    env = dict(os.environ, XDG_CACHE_HOME=cache)
-    cmd = [str(BIN / "torchrun"), f"--nproc_per_node={args.ranks}", str(Path(__file__).resolve()), "--worker",
-           "--sizes", args.sizes, "--ops", str(args.ops), "--settle-s", str(args.settle_s), "--rounds",
-           str(args.rounds), "--json", out]
-    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800,
-                          cwd=HERE)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
-    return json.loads(Path(out).read_text())
+    return torchrun_json(Path(__file__).resolve(), args.ranks,
+                         ["--worker", "--sizes", args.sizes, "--ops", str(args.ops), "--settle-s", str(args.settle_s),
+                          "--rounds", str(args.rounds)], out, env={"XDG_CACHE_HOME": cache})
 
 
 def main():

@@ -18,15 +18,11 @@ TORCH_FR_BUFFER_SIZE=0 (no recorder entries).
 """
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
+from bench_common import torchrun_json
 
 
 def worker(args):
@@ -68,13 +64,8 @@ def worker(args):
 
 
 def run(n, env, args, out):
-    cmd = [str(BIN / "torchrun"), f"--nproc_per_node={n}", str(Path(__file__).resolve()), "--worker", "--sizes",
-           args.sizes, "--seconds", str(args.seconds), "--json", out]
-    done = subprocess.run(cmd, env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, timeout=900, cwd=HERE)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
-    return json.loads(Path(out).read_text())
+    return torchrun_json(Path(__file__).resolve(), n, ["--worker", "--sizes", args.sizes, "--seconds", str(args.seconds)],
+                         out, env=env)
 
 
 def main():

@@ -174,7 +174,9 @@ def _settles(rank, ws, sizes):
     firsts, ok = [], True
     for s in sizes:
         t = torch.empty(s // 4)
-        for i in range(5000):
+        # A cheap class runs up to 64 rounds (4096 ops for 4 candidates), then
+        # its checks: 20000 ops let one more trial follow a saved choice's check.
+        for i in range(20000):
             t.fill_(rank + 1)
             dist.all_reduce(t)
             ok = ok and bool((t == ws * (ws + 1) / 2).all())
@@ -212,7 +214,9 @@ def test_refined_choices_are_saved_for_the_next_run(tmp_path):
                 assert f"refining: {name}: checking {algorithm}, 1 of " in after_one, after_one
                 # It settles: on the saved choice where its check held (the
                 # line says so), else on what the trial after it found.
-                [line] = [x for x in r["tuning"].split("; refin") if x.startswith(f"ed: {name}: ")]
-                assert not line.endswith("the saved choice, checked") or line.startswith(f"ed: {name}: {algorithm} ("), line
+                lines = [x for x in r["tuning"].split("; refin") if x.startswith(f"ed: {name}: ")]
+                assert len(lines) == 1, r["tuning"]
+                assert not lines[0].endswith("the saved choice, checked") or lines[0].startswith(
+                    f"ed: {name}: {algorithm} ("), lines[0]
             else:  # a class with one candidate: nothing to try or save
                 assert f"{_size_name(s)}:" not in r["tuning"], r["tuning"]

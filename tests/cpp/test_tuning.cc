@@ -76,6 +76,16 @@ void testTextForm() {
   }
 }
 
+// A fit with next to no latency left (0.05 us a step) still broadcasts a
+// few hundred bytes straight to every rank, not down a chain; large
+// buffers take the chain.
+void testTreeArityOfAFitWithoutLatency() {
+  Tuning t = Tuning::table();
+  t.cost[size_t(Algorithm::kTree)] = {0.05, 2000.0};
+  CHECK(chooseTreeArity(t, 3, 2, 400) == 2, "400 B at n=3: arity ", chooseTreeArity(t, 3, 2, 400));
+  CHECK(chooseTreeArity(t, 3, 2, 1 << 20) == 1, "1 MiB at n=3: arity ", chooseTreeArity(t, 3, 2, 1 << 20));
+}
+
 std::vector<TuningOutcome> tuneAll(test::Group& g, const std::vector<TuningPolicy>& policies) {
   const int n = int(g.devices.size());
   std::vector<TuningOutcome> out(static_cast<size_t>(n));
@@ -190,6 +200,7 @@ void testTuneGroup() {
 int main() {
   testFitRecoversConstants();
   testTextForm();
+  testTreeArityOfAFitWithoutLatency();
   testTuneGroup();
   std::printf("test_tuning: ok\n");
   return 0;

@@ -214,10 +214,13 @@ Algorithm chooseAllreduce(const Tuning& t, int n, int hosts, int arity, size_t b
 int chooseTreeArity(const Tuning& t, int n, int arity, size_t bytes) {
   // One pipelined pass: depth(k) steps; the busiest node sends k copies.
   // Candidates: direct (k = n-1), the configured arity, and a chain (k = 1).
+  // A step costs at least kMinStepUs: a fit whose latency came out near its
+  // 0.1 us floor (the large sizes outweighing the small ones) would
+  // otherwise send a few hundred bytes down a chain, one wakeup per hop.
+  constexpr double kMinStepUs = 1.0;
   const AlgorithmCost& k = t.cost[size_t(Algorithm::kTree)];
-  auto us = [&](int a) {
-    return k.latencyUs * treeDepth(n, a) + double(bytes) * std::min(a, n - 1) / k.bytesPerUs;
-  };
+  const double step = std::max(k.latencyUs, kMinStepUs);
+  auto us = [&](int a) { return step * treeDepth(n, a) + double(bytes) * std::min(a, n - 1) / k.bytesPerUs; };
   int best = std::max(1, n - 1);
   for (int a : {arity, 1}) {
     if (us(a) < us(best)) best = a;
