@@ -28,16 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import torchrun_json
+import torch
+import torch.distributed as dist
+
+import torchcollx  # noqa: F401  (registers the collx backend)
+from bench_common import agreed_max, interleaved_medians, parse_size, run_ops, torchrun_json
 
 
 def worker(args):
-    import torch
-    import torch.distributed as dist
-
-    import torchcollx  # noqa: F401  (registers the collx backend)
-    from bench_common import agreed_max, interleaved_medians, parse_size, run_ops
-
     dist.init_process_group("gloo")
     group = dist.new_group(backend="collx")
     backend = group._get_backend(torch.device("cpu"))

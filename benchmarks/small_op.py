@@ -22,16 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import torchrun_json
+import torch
+import torch.distributed as dist
+
+import torchcollx
+from bench_common import agreed_max, parse_size, torchrun_json
 
 
 def worker(args):
-    import torch
-    import torch.distributed as dist
-
-    import torchcollx
-    from bench_common import agreed_max, parse_size
-
     dist.init_process_group("gloo")
     group = dist.new_group(backend="collx")
     backend = group._get_backend(torch.device("cpu"))

@@ -124,4 +124,13 @@ struct Ranked {
   const Collective c;
 };
 
+// Runs fn(rank, its Ranked) on every rank of a group over TCP with model t.
+inline void onEveryRank(const Tuning& t, const std::function<void(int, Ranked&)>& fn) {
+  test::Group g(kRanks, test::over(shm::Mode::kTcp));
+  test::runRanks(kRanks, [&](int r) {
+    Ranked k(*g.devices[r], t);
+    fn(r, k);
+  });
+}
+
 }  // namespace collx::test

@@ -20,10 +20,7 @@ constexpr char kSavedDirect[] = "262144 flat direct 0 direct=10.000 ring=20.000\
 // A trial where direct (10 us) beats ring (20): save() gives its line, and
 // keeps an earlier save's line of another class while replacing its own.
 void testSaveWritesSettledClasses() {
-  const Tuning t = closeModel();
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Ranked k(*g.devices[r], t);
+  onEveryRank(closeModel(), [](int r, Ranked& k) {
     auto& [ws, refiner, line, c] = k;
     CHECK(refiner.save().empty(), "saved before any op: ", refiner.save());
     runDirectRingTrial(refiner, c, 10.0, 20.0);
@@ -39,10 +36,7 @@ void testSaveWritesSettledClasses() {
 // Seeded, the class runs the saved direct from its first op, through the
 // check (11 us, within kTrustRatio of 10), and settles there: no ring op.
 void testSavedChoiceSettlesAfterItsCheck() {
-  const Tuning t = closeModel();
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Ranked k(*g.devices[r], t);
+  onEveryRank(closeModel(), [](int r, Ranked& k) {
     auto& [ws, refiner, line, c] = k;
     refiner.seed(kSavedDirect);
     const int ops = runCheck(refiner, c, kClose, Algorithm::kDirect, 11.0);
@@ -57,10 +51,7 @@ void testSavedChoiceSettlesAfterItsCheck() {
 // Seeded, but direct now takes 20 us (2x its saved 10): the check does not
 // trust it, and a trial follows, which finds ring (12 us) the faster.
 void testSavedChoiceThatNoLongerHoldsIsTried() {
-  const Tuning t = closeModel();
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Ranked k(*g.devices[r], t);
+  onEveryRank(closeModel(), [](int r, Ranked& k) {
     auto& [ws, refiner, line, c] = k;
     refiner.seed(kSavedDirect);
     runChecks(refiner, c, {{Algorithm::kDirect, 20.0, Refiner::checkOpsFor(10.0)}});
@@ -76,10 +67,7 @@ void testSavedChoiceThatNoLongerHoldsIsTried() {
 // Damaged lines, and a saved tree the class does not try at 256 KiB: the
 // class runs its trial as if nothing was saved.
 void testUnusableSeedsAreIgnored() {
-  const Tuning t = closeModel();
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Ranked k(*g.devices[r], t);
+  onEveryRank(closeModel(), [](int r, Ranked& k) {
     auto& [ws, refiner, line, c] = k;
     refiner.seed("262144 flat tree 0 tree=1.000 direct=10.000\n262144 flat\nx y z\n262144 flat ring 0 ring=-1\n"
                  "262144 flat ring 0 ring=1 nonsense=2\n");
