@@ -15,6 +15,13 @@ class Store {
   virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
   // Blocks until the key exists or the timeout passes (then throws).
   virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // get() of every key, where a Store can in fewer requests.
+  virtual std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,
+                                                    std::chrono::milliseconds timeout) {
+    std::vector<std::vector<uint8_t>> values;
+    for (const auto& k : keys) values.push_back(get(k, timeout));
+    return values;
+  }
   // Atomically adds to a counter and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };

@@ -46,7 +46,7 @@ CollxBackend::CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
 void CollxBackend::connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
   StoreAdapter adapter(store);
   tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout(), config_.transport, config_.readPeers,
-                           config_.localCongestion};
+                           config_.localCongestion, config_.lazy};
   const auto start = Clock::now();
   device_ = asDistError("init", rank, [&] { return std::make_unique<tcp::Device>(adapter, rank, size, dopts); });
   if (device_->shmUnavailable()) warnShmOnce(rank, size, device_->transportNote());
@@ -58,7 +58,8 @@ void CollxBackend::connect(const c10::intrusive_ptr<c10d::Store>& store, int ran
     log(LogLevel::kInfo,
         collx::str("mesh of ", size, " ranks ready in ", millis(ms), " ms after ", adapter.requests(),
                    " store requests, listening on ", device_->address(), "; ",
-                   device_->hostCount(), " host(s), ", local, " rank(s) on this one",
+                   device_->hostCount(), " host(s), ", local, " rank(s) on this one; connections ",
+                   config_.lazy ? "lazy" : "eager", " (", device_->connectedPeers(), " of ", size - 1, " peers now)",
                    device_->transportNote().empty() ? "" : "; ", device_->transportNote(), "; algorithm ",
                    name(config_.algorithm), ", tree arity ", config_.treeArity, ", segment ", config_.segmentBytes,
                    " B, device reductions ",

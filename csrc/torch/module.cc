@@ -101,6 +101,13 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   if (const char* cc = std::getenv("COLLX_TCP_CONGESTION"); cc && *cc) {
     config.localCongestion = std::string(cc) == "system" ? "" : cc;
   }
+  if (const char* v = std::getenv("COLLX_CONNECT"); v && *v) {
+    const std::string connect(v);
+    if (connect != "lazy" && connect != "eager") {
+      throw py::value_error(collx::str("collx: COLLX_CONNECT=", connect, " must be lazy or eager"));
+    }
+    config.lazy = connect == "lazy";
+  }
   config.tuning = tuningPolicy();
   config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
   config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);

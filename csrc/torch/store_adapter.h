@@ -23,6 +23,12 @@ class StoreAdapter : public Store {
     store_->wait({key}, timeout);
     return store_->get(key);
   }
+  std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,
+                                            std::chrono::milliseconds timeout) override {
+    requests_ += 2;  // one wait for all, one multiGet (a loop of gets where the Store has none)
+    store_->wait(keys, timeout);
+    return store_->multiGet(keys);
+  }
   int64_t add(const std::string& key, int64_t delta) override {
     ++requests_;
     return store_->add(key, delta);

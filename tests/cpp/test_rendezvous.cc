@@ -3,9 +3,11 @@
 // read from the Store keys the rendezvous publishes) and send garbage, a
 // wrong magic, a wrong token, a stale generation, a truncated hello, or
 // nothing. Each must be dropped, the group must form without waiting for
-// the silent ones (well under the 10 s hello timeout) and work; afterwards
-// the listeners are closed (connection refused). Connections between ranks
-// on one host run reno, whatever the system's congestion control.
+// the silent ones (well under the 10 s hello timeout) and work. An eager
+// group's listeners close after setup (connection refused); a lazy group's
+// listen while it lives, where strangers are dropped too, and close with
+// it. Connections between ranks on one host run reno, whatever the
+// system's congestion control.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -38,7 +40,7 @@ Address addressOf(test::MemoryStore& store, int rank) {
 }
 
 uint64_t tokenOf(test::MemoryStore& store) {
-  auto v = store.get(keyOf("token"), std::chrono::seconds(30));
+  auto v = store.get(keyOf("table"), std::chrono::seconds(30));  // the token, then the addresses
   return std::stoull(std::string(v.begin(), v.end()));
 }
 
@@ -50,7 +52,46 @@ Socket stranger(const Address& addr, const void* data, size_t bytes) {
   return s;
 }
 
-void testStrangersDuringSetup() {
+void checkRefused(test::MemoryStore& store, const char* when) {
+  for (int r = 0; r < 2; ++r) {
+    Address a = addressOf(store, r);
+    Socket s(::socket(a.storage.ss_family, SOCK_STREAM, 0));
+    int rc = ::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a.storage), a.len);
+    CHECK(rc != 0 && errno == ECONNREFUSED, "rank ", r, "'s listener at ", a.str(), " still accepts ", when);
+  }
+}
+
+// Strangers of every kind at `a`; `silent` keeps the connections that say nothing or half a hello.
+void sendStrangers(const Address& a, uint64_t token, int n, std::vector<Socket>& silent) {
+  char garbage[sizeof(Hello)];
+  for (size_t i = 0; i < sizeof(garbage); ++i) garbage[i] = char(i * 37 + 11);
+  silent.push_back(stranger(a, garbage, sizeof(garbage)));
+  Hello wrongMagic{0x12345678, 2, n, 0, 0, token};
+  silent.push_back(stranger(a, &wrongMagic, sizeof(wrongMagic)));
+  Hello wrongToken{kHelloMagic, 2, n, 0, 0, token ^ 0x5a5a5a5a5a5aULL};
+  silent.push_back(stranger(a, &wrongToken, sizeof(wrongToken)));
+  Hello stale{kHelloMagic, 2, n, 0, 7, token};  // another generation
+  silent.push_back(stranger(a, &stale, sizeof(stale)));
+  Hello badRank{kHelloMagic, n + 3, n, 0, 0, token};
+  silent.push_back(stranger(a, &badRank, sizeof(badRank)));
+  Hello truncated{kHelloMagic, 2, n, 0, 0, token};
+  silent.push_back(stranger(a, &truncated, sizeof(truncated) / 2));  // then silence
+  silent.push_back(stranger(a, nullptr, 0));                         // silence
+  stranger(a, nullptr, 0);                                           // connects and closes at once
+}
+
+void allreduceWorks(std::vector<std::unique_ptr<Device>>& devices, int n) {
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + std::chrono::seconds(30),
+                 1 << 10, 2, ws};
+    std::vector<int32_t> buf(1000, r + 1);
+    allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    for (int32_t v : buf) CHECK(v == 6, "rank ", r, " got ", v);
+  });
+}
+
+void testStrangers(bool lazy) {
   const int n = 3;
   test::MemoryStore store;
   std::vector<std::unique_ptr<Device>> devices(n);
@@ -63,25 +104,13 @@ void testStrangersDuringSetup() {
   auto msSince = [&](Deadline t) { return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count(); };
 
   std::thread outside([&] {
-    uint64_t token = tokenOf(store);
+    // The token is not published until every rank is (rendezvous.h): these
+    // strangers guess it; the lazy group's later ones know it.
+    const uint64_t token = 0x1234;
     for (int r = 0; r < 2; ++r) {  // ranks 0 and 1 accept (rank 2 only connects)
       Address a = addressOf(store, r);
       std::lock_guard<std::mutex> lock(mu);
-      char garbage[sizeof(Hello)];
-      for (size_t i = 0; i < sizeof(garbage); ++i) garbage[i] = char(i * 37 + 11);
-      strangers.push_back(stranger(a, garbage, sizeof(garbage)));
-      Hello wrongMagic{0x12345678, 2, n, 0, 0, token};
-      strangers.push_back(stranger(a, &wrongMagic, sizeof(wrongMagic)));
-      Hello wrongToken{kHelloMagic, 2, n, 0, 0, token ^ 0x5a5a5a5a5a5aULL};
-      strangers.push_back(stranger(a, &wrongToken, sizeof(wrongToken)));
-      Hello stale{kHelloMagic, 2, n, 0, 7, token};  // another generation
-      strangers.push_back(stranger(a, &stale, sizeof(stale)));
-      Hello badRank{kHelloMagic, n + 3, n, 0, 0, token};
-      strangers.push_back(stranger(a, &badRank, sizeof(badRank)));
-      Hello truncated{kHelloMagic, 2, n, 0, 0, token};
-      strangers.push_back(stranger(a, &truncated, sizeof(truncated) / 2));  // then silence
-      strangers.push_back(stranger(a, nullptr, 0));                         // silence
-      stranger(a, nullptr, 0);                                              // connects and closes at once
+      sendStrangers(a, token, n, strangers);
     }
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -96,31 +125,27 @@ void testStrangersDuringSetup() {
       cv.wait(lock, [&] { return strangersIn; });
       lastStartMs = msSince(t0);
     }
-    devices[r] = std::make_unique<Device>(store, r, n, DeviceOptions{"", AF_UNSPEC, std::chrono::seconds(60)});
+    DeviceOptions o;
+    o.transport = shm::Mode::kTcp;
+    o.lazy = lazy;
+    devices[r] = std::make_unique<Device>(store, r, n, o);
   });
   outside.join();
   int64_t formed = msSince(t0) - lastStartMs;
   CHECK(formed < 5000, "the mesh took ", formed, " ms to form after the last rank joined (strangers held it up)");
 
-  // The group works: an all-reduce over every pair.
-  test::runRanks(n, [&](int r) {
-    Workspace ws;
-    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + std::chrono::seconds(30),
-                 1 << 10, 2, ws};
-    std::vector<int32_t> buf(1000, r + 1);
-    allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
-    for (int32_t v : buf) CHECK(v == 6, "rank ", r, " got ", v);
-  });
-
-  // The listeners are gone: a new connection is refused.
-  for (int r = 0; r < 2; ++r) {
-    Address a = addressOf(store, r);
-    Socket s(::socket(a.storage.ss_family, SOCK_STREAM, 0));
-    int rc = ::connect(s.fd(), reinterpret_cast<const sockaddr*>(&a.storage), a.len);
-    CHECK(rc != 0 && errno == ECONNREFUSED, "rank ", r, "'s listener at ", a.str(), " still accepts after setup");
+  allreduceWorks(devices, n);
+  if (lazy) {  // strangers while the group lives: dropped, and the group goes on
+    for (int r = 0; r < 2; ++r) sendStrangers(addressOf(store, r), tokenOf(store), n, strangers);
+    allreduceWorks(devices, n);
+    for (auto& d : devices) d->close();
+    checkRefused(store, "after the group closed");
+  } else {
+    checkRefused(store, "after setup");
   }
   strangers.clear();
-  std::printf("strangers dropped; mesh formed %lld ms after the last rank joined\n", (long long)formed);
+  std::printf("%s: strangers dropped; mesh formed %lld ms after the last rank joined\n", lazy ? "lazy" : "eager",
+              (long long)formed);
 }
 
 // COLLX_SOCKET_FAMILY=AF_INET6 with COLLX_SOCKET_IFNAME=lo: the ranks publish
@@ -137,7 +162,10 @@ void testIpv6Loopback() {
   test::MemoryStore store;
   std::vector<std::unique_ptr<Device>> devices(n);
   test::runRanks(n, [&](int r) {
-    devices[r] = std::make_unique<Device>(store, r, n, DeviceOptions{"lo", AF_INET6, std::chrono::seconds(60)});
+    DeviceOptions o;
+    o.ifname = "lo";
+    o.family = AF_INET6;
+    devices[r] = std::make_unique<Device>(store, r, n, o);
   });
   for (int r = 0; r < n; ++r) {
     CHECK(addressOf(store, r).storage.ss_family == AF_INET6, "rank ", r, " published ", addressOf(store, r).str());
@@ -208,7 +236,8 @@ void testLocalCongestionControl() {
 
 int main() {
   testLocalCongestionControl();
-  testStrangersDuringSetup();
+  testStrangers(false);
+  testStrangers(true);
   testIpv6Loopback();
   std::printf("test_rendezvous: ok\n");
   return 0;

@@ -28,6 +28,8 @@ namespace {
 // budget allows at the speed the first round measured: a slow link keeps
 // calibration short, a fast one buys medians that one noisy op cannot spoil.
 constexpr size_t kCalibrationSizes[] = {8, 16 << 10, 256 << 10, 1 << 20};
+// The most ranks of a lazy group that calibrate at creation (tuneGroup).
+constexpr int kMaxLazyCalibratedRanks = 8;
 constexpr int kMaxRounds[] = {5, 5, 3, 3};
 constexpr double kRoundBudgetUs[] = {1000, 2000, 3000, 6000};
 constexpr size_t kNumSizes = sizeof(kCalibrationSizes) / sizeof(kCalibrationSizes[0]);
@@ -74,7 +76,11 @@ std::string writeFileAtomically(const std::string& dir, const std::string& path,
 
 class Calibration {
  public:
-  explicit Calibration(const Collective& c) : c_(c) {}
+  // Small all-reduces of the calibration's own: direct takes one round, but
+  // a lazy group that runs it connects every pair; the tree connects each
+  // rank to its parent and children.
+  explicit Calibration(const Collective& c)
+      : c_(c), small_(c.transport.connectsOnUse() ? Algorithm::kTree : Algorithm::kDirect) {}
 
   // A kCalibrate all-reduce of `count` elements with `algo`, under a
   // sequence number of its own.
@@ -92,7 +98,7 @@ class Calibration {
       both[i] = int64_t(values[i] >> 2) + 1;  // positive, so that its negation fits
       both[N + i] = -both[i];
     }
-    allreduce(Algorithm::kDirect, DataType::kInt64, ReduceOp::kMax, both, 2 * N);
+    allreduce(small_, DataType::kInt64, ReduceOp::kMax, both, 2 * N);
     std::array<bool, N> out;
     for (size_t i = 0; i < N; ++i) out[i] = both[i] == -both[N + i];
     return out;
@@ -127,7 +133,7 @@ class Calibration {
       // (slowest rank's) time, both ops of each: every rank must run the same number.
       double first = 0;
       for (auto& u : us) first += 2 * u[0];
-      allreduce(Algorithm::kDirect, DataType::kFloat64, ReduceOp::kMax, &first, 1);
+      allreduce(small_, DataType::kFloat64, ReduceOp::kMax, &first, 1);
       const int more = std::min(kMaxRounds[k] - 1, int(kRoundBudgetUs[k] / std::max(first, 1.0)));
       for (int r = 0; r < more; ++r) round();
       for (size_t a = 0; a < algos; ++a) {
@@ -135,7 +141,7 @@ class Calibration {
         medians[a * kNumSizes + k] = us[a][us[a].size() / 2];
       }
     }
-    allreduce(Algorithm::kDirect, DataType::kFloat64, ReduceOp::kMax, medians.data(), medians.size());
+    allreduce(small_, DataType::kFloat64, ReduceOp::kMax, medians.data(), medians.size());
     std::vector<std::vector<double>> table;
     for (size_t a = 0; a < medians.size(); a += kNumSizes) {
       table.emplace_back(medians.begin() + long(a), medians.begin() + long(a + kNumSizes));
@@ -149,6 +155,7 @@ class Calibration {
 
  private:
   const Collective& c_;
+  const Algorithm small_;
   uint64_t next_ = 0;
 };
 
@@ -178,6 +185,13 @@ std::string saveRefined(const TuningOutcome& out, const std::function<std::strin
 TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
   TuningOutcome out;
   if (policy.mode == TuningPolicy::Mode::kTable || c.size() <= 1) return out;
+  // A lazy group of many ranks is not timed: timing direct and star would
+  // connect every pair at its creation, and the time grows with the ranks.
+  // It starts from the table, which online refinement fits to its ops.
+  if (policy.mode == TuningPolicy::Mode::kCalibrate && c.transport.connectsOnUse() &&
+      c.size() > kMaxLazyCalibratedRanks) {
+    return out;
+  }
   Calibration cal(c);
   std::string text;
   if (policy.mode == TuningPolicy::Mode::kFile) {

@@ -37,14 +37,30 @@ constexpr auto kUserAbortGrace = std::chrono::milliseconds(20);
 }  // namespace
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
-    : rank_(rank), size_(size), pairs_(size) {
-  Mesh mesh = connectMesh(store, rank, size, options.ifname, options.family, options.timeout, options.localCongestion);
-  hosts_ = mesh.hosts;
-  address_ = mesh.address;
+    : rank_(rank), size_(size), lazy_(options.lazy), pairs_(size) {
+  const Deadline deadline = Clock::now() + options.timeout;
+  connector_ = std::make_shared<Connector>(
+      rank, publish(store, rank, size, options.ifname, options.family, options.timeout, options.hostLabel),
+      options.localCongestion);
+  const Directory& dir = connector_->directory();
+  hosts_ = dir.hosts;
+  address_ = dir.address;
+  // Connected now: every peer (eager), or the local ones that shared memory
+  // may link. Lower ranks dial, higher ones wait for them.
+  std::vector<Socket> sockets[kChannels];
+  for (auto& channel : sockets) channel.resize(size_t(size));
+  for (int peer = 0; peer < size; ++peer) {
+    const bool local = hosts_[size_t(peer)] == hosts_[size_t(rank)];
+    if (peer == rank || (lazy_ && !(local && options.transport != shm::Mode::kTcp))) continue;
+    for (uint32_t ch = 0; ch < kChannels; ++ch) {
+      sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, -1, peer < rank);
+    }
+  }
+  if (!lazy_) connector_->stop();  // nobody can connect any more
   std::vector<int> fds;
-  for (const Socket& s : mesh.sockets[kCollectives]) fds.push_back(s.fd());
-  shm::LocalLinks local = shm::connectLocal(store, mesh.prefix, mesh.token, rank, hosts_, fds, options.transport,
-                                            options.readPeers, Clock::now() + options.timeout);
+  for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
+  shm::LocalLinks local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport,
+                                            options.readPeers, deadline);
   transportNote_ = local.note;
   shmUnavailable_ = local.unavailable;
   if (std::all_of(local.windows.begin(), local.windows.end(), [](char* w) { return w != nullptr; })) {
@@ -52,12 +68,23 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
                                          std::move(local.pids), local.readPeers);
   }
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) {
-      pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(mesh.sockets[kCollectives][peer]), &cancelled_,
+    if (sockets[kCollectives][size_t(peer)].valid()) {
+      pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(sockets[kCollectives][size_t(peer)]), &cancelled_,
                                             std::move(local.collectives[size_t(peer)]));
     }
   }
-  p2p_ = std::make_shared<P2PEngine>(rank, std::move(mesh.sockets[kPointToPoint]), std::move(local.p2p));
+  P2PEngine::Connect dial;
+  if (lazy_) {
+    dial = [connector = connector_](int peer, Deadline until, int wakeFd) {
+      return connector->take(peer, kPointToPoint, until, wakeFd);
+    };
+  }
+  p2p_ = std::make_shared<P2PEngine>(rank, std::move(sockets[kPointToPoint]), std::move(local.p2p), std::move(dial));
+  if (lazy_) {
+    connector_->setSink(kPointToPoint, [engine = std::weak_ptr<P2PEngine>(p2p_)](int peer, Socket s) {
+      if (auto e = engine.lock()) e->adopt(peer, std::move(s));
+    });
+  }
   // Pure busy-polling only pays while every local rank has a core of its
   // own; with more ranks than cores a waiter yields between polls instead.
   hostCount_ = hosts_.empty() ? 1 : *std::max_element(hosts_.begin(), hosts_.end()) + 1;  // dense indices
@@ -88,6 +115,7 @@ void Device::closeSockets() {
 }
 
 void Device::close() {
+  connector_->stop();
   p2p_->close(str("collx rank ", rank_, ": the process group was shut down"));
   closeSockets();
   if (error_.empty()) error_ = str("collx rank ", rank_, ": the process group was shut down");
@@ -123,7 +151,31 @@ Pair& Device::pair(int peer) {
   throwIfBroken();
   COLLX_CHECK(peer >= 0 && peer < size_ && peer != rank_, "collx rank ", rank_, ": invalid peer ",
               peer, " for a group of size ", size_);
+  if (!pairs_[peer]) {
+    std::lock_guard<std::mutex> lock(socketsMutex_);  // interrupt() reads pairs_
+    pairs_[peer] = std::make_unique<Pair>(rank_, peer, Socket(), &cancelled_);
+  }
   return *pairs_[peer];
+}
+
+int Device::connectedPeers() const {
+  return int(std::count_if(pairs_.begin(), pairs_.end(), [](auto& p) { return p && p->connected(); }));
+}
+
+void Device::connect(Pair& p, Deadline deadline) {
+  Socket s;
+  try {
+    s = connector_->take(p.peer(), kCollectives, deadline, wakeFd_);
+  } catch (const TimeoutError& e) {
+    {
+      std::lock_guard<std::mutex> lock(progressMutex_);
+      missing_ = {p.peer()};
+      missingOfAll_ = false;
+    }
+    breakWith(e, true);
+  }
+  std::lock_guard<std::mutex> lock(socketsMutex_);
+  p.connect(std::move(s));
 }
 
 void Device::postSend(int peer, const Frame& frame, const void* data, size_t bytes,
@@ -150,10 +202,14 @@ void Device::cancel(uint64_t seq, OpKind kind, const std::string& why, Deadline 
   waitAll(*this, deadline);
 }
 
-void Device::progressOnce(std::vector<uint64_t>& done) {
+void Device::progressOnce(std::vector<uint64_t>& done, Deadline deadline) {
   size_t before = done.size();
   for (auto& p : pairs_) {
     if (!p) continue;
+    if (!p->connected()) {
+      if (!p->wantsWrite() && !p->wantsRead()) continue;
+      connect(*p, deadline);
+    }
     if (p->wantsWrite()) p->progressSend(done);
     if (p->wantsRead()) p->progressRecv(done);
   }
@@ -236,7 +292,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
   try {
     for (;;) {
       if (interrupted_) throw Error("interrupted");  // breakWith below says why
-      progressOnce(done);
+      progressOnce(done, deadline);
       if (done.size() > start || pending_ == 0) break;
       if (const auto now = Clock::now(); now < spinUntil) {
         spinPause(now - spinStart);
@@ -247,7 +303,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
       sleepers.clear();
       bool moved = false;
       for (auto& p : pairs_) {
-        if (!p) continue;
+        if (!p || !p->connected()) continue;
         // A peer this rank does not receive from may have failed or aborted:
         // listen to it (listen()), so that a failure anywhere in the group
         // reaches every rank now. A peer whose next message is here, or

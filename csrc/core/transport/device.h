@@ -1,6 +1,8 @@
-// The transport of one group: a full mesh of Pairs, set up through the Store,
-// and the poll loop that drives them (the progress engine). Pairs on one host
-// move their bytes through shared-memory rings; the rest through TCP. Progress
+// The transport of one group: its Pairs, set up through the Store, and the
+// poll loop that drives them (the progress engine). Pairs on one host move
+// their bytes through shared-memory rings; the rest through TCP. A lazy
+// group connects a TCP pair when an op first posts to it (connector.h); an
+// eager one connects them all at creation. Progress
 // runs in the thread that waits, so a collective costs no thread handoffs.
 // Point-to-point ops have connections and a progress thread of their own
 // (p2p()), so they never queue behind the collectives nor hold them back.
@@ -17,6 +19,7 @@
 #include "../store.h"
 #include "shared_windows.h"
 #include "p2p/engine.h"
+#include "socket/connector.h"
 #include "socket/pair.h"
 
 namespace collx::tcp {
@@ -28,11 +31,17 @@ struct DeviceOptions {
   shm::Mode transport = shm::Mode::kAuto;  // COLLX_TRANSPORT: rings for peers on this host
   bool readPeers = true;  // COLLX_SHM_CMA: cross-memory attach between them, where allowed
   std::string localCongestion = "reno";  // COLLX_TCP_CONGESTION: within a host ("": the system's)
+  // COLLX_CONNECT: connect TCP pairs on first use (lazy) or all at creation.
+  // Peers that shared memory may link are connected at creation either way:
+  // their rings and windows are set up together.
+  bool lazy = true;
+  std::string hostLabel;  // stands for this rank's host in the host indices (rendezvous.h); "": its address
 };
 
 class Device : public Transport {
  public:
-  // Connects to every other rank; throws Error/TimeoutError on failure.
+  // Publishes this rank and connects to the peers it must connect to now;
+  // throws Error/TimeoutError on failure.
   Device(Store& store, int rank, int size, const DeviceOptions& options);
   ~Device() override;
 
@@ -46,6 +55,9 @@ class Device : public Transport {
   // pair wanted it but fell back to TCP (worth a warning).
   const std::string& transportNote() const { return transportNote_; }
   bool shmUnavailable() const { return shmUnavailable_; }
+  bool connectsOnUse() const override { return lazy_ && size_ - 1 > connectedPeers(); }
+  // The peers this rank holds a collectives connection (or rings) with.
+  int connectedPeers() const;
   void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                 uint64_t cookie) override;
   void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
@@ -97,7 +109,9 @@ class Device : public Transport {
   void throwIfBroken() const;
   void closeSockets();
   Pair& pair(int peer);
-  void progressOnce(std::vector<uint64_t>& done);
+  // Connects a lazy pair that has ops queued (breaks the group on failure).
+  void connect(Pair& p, Deadline deadline);
+  void progressOnce(std::vector<uint64_t>& done, Deadline deadline);
   // Reads what a peer this rank does not receive from has sent: its abort
   // frame or end, or a cancel of this op (waitSome's listening).
   void listen(Pair& p);
@@ -113,7 +127,9 @@ class Device : public Transport {
 
   int rank_;
   int size_;
-  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self
+  bool lazy_;
+  std::shared_ptr<Connector> connector_;       // serves a lazy group's dials until close()
+  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self and peers never posted to
   std::shared_ptr<P2PEngine> p2p_;
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)
   int hostCount_ = 1;

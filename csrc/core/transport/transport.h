@@ -129,6 +129,11 @@ class Transport {
 
   virtual TransportCounters counters() const = 0;
 
+  // Whether some pairs connect at their first op (a lazy group): then an
+  // all-to-all pattern connects every pair, which a group of many ranks
+  // must not do for its own bookkeeping.
+  virtual bool connectsOnUse() const { return false; }
+
   // Every rank's memory, where all ranks share this host (shared_windows.h).
   virtual class SharedWindows* sharedWindows() const { return nullptr; }
 

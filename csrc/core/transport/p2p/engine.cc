@@ -32,20 +32,65 @@ int64_t P2PEngine::millis(const Op& op) {
       .count();
 }
 
-P2PEngine::P2PEngine(int rank, std::vector<Socket> sockets, std::vector<std::unique_ptr<shm::Link>> rings)
-    : rank_(rank), links_(sockets.size()), incoming_(sockets.size()), linkError_(sockets.size()), linkRemote_(sockets.size()) {
+P2PEngine::P2PEngine(int rank, std::vector<Socket> sockets, std::vector<std::unique_ptr<shm::Link>> rings,
+                     Connect connect)
+    : rank_(rank), connect_(std::move(connect)), links_(sockets.size()), incoming_(sockets.size()), linkError_(sockets.size()), linkRemote_(sockets.size()) {
   for (size_t peer = 0; peer < sockets.size(); ++peer) {
     if (sockets[peer].valid()) {
       links_[peer] = std::make_unique<P2PLink>(rank, int(peer), std::move(sockets[peer]), std::move(rings[peer]));
     }
   }
   wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  COLLX_CHECK(wakeFd_ >= 0, "collx rank ", rank, ": eventfd failed: ", strerror(errno));
+  closeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  COLLX_CHECK(wakeFd_ >= 0 && closeFd_ >= 0, "collx rank ", rank, ": eventfd failed: ", strerror(errno));
 }
 
 P2PEngine::~P2PEngine() {
   close(str("collx rank ", rank_, ": the process group was destroyed"));
   ::close(wakeFd_);
+  ::close(closeFd_);
+}
+
+void P2PEngine::install(int peer, Socket socket) {
+  links_[size_t(peer)] = std::make_unique<P2PLink>(rank_, peer, std::move(socket), nullptr);
+  wake();  // a sleeping progress thread watches it from its next poll
+}
+
+void P2PEngine::adopt(int peer, Socket socket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!closed_.empty() || links_[size_t(peer)] || dead(peer)) return;  // dropped: the peer sees it close
+  install(peer, std::move(socket));
+  startThread();  // its messages are read (and parked) before any receive is posted
+}
+
+std::string P2PEngine::ensureLink(int peer, Deadline deadline) {
+  if (!connect_ || peer < 0 || size_t(peer) >= links_.size() || peer == rank_) return "";
+  std::lock_guard<std::mutex> one(connectMu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (links_[size_t(peer)] || !closed_.empty() || dead(peer)) return "";
+  }
+  Socket s;
+  std::string why;
+  bool gone = false, remote = false;
+  try {
+    s = connect_(peer, deadline, closeFd_);
+  } catch (const TimeoutError& e) {
+    why = e.what();
+  } catch (const PeerClosedError& e) {
+    why = e.what();
+    gone = remote = true;
+  } catch (const Error& e) {
+    why = e.what();
+    gone = true;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s.valid() && !links_[size_t(peer)] && closed_.empty()) install(peer, std::move(s));
+  if (!gone || links_[size_t(peer)] || !closed_.empty()) return why;
+  linkError_[size_t(peer)] = why;
+  linkRemote_[size_t(peer)] = remote;
+  failIfNoPeers();
+  return "";
 }
 
 std::string P2PEngine::describe(const Op& op, bool isSend) const {
@@ -57,12 +102,15 @@ std::string P2PEngine::describe(const Op& op, bool isSend) const {
 // ---- posting -----------------------------------------------------------------
 
 void P2PEngine::postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) {
+  COLLX_CHECK(peer >= 0 && size_t(peer) < links_.size() && peer != rank_, "collx rank ", rank_,
+              ": invalid p2p peer ", peer);
+  const std::string late = ensureLink(peer, deadline);
   std::unique_lock<std::mutex> lock(mu_);
-  COLLX_CHECK(peer >= 0 && size_t(peer) < links_.size() && links_[peer], "collx rank ", rank_, ": invalid p2p peer ",
-              peer);
   const uint64_t id = ++nextId_;
   auto it = sends_.emplace(id, Op{peer, tag, buffer, deadline, Clock::now(), std::move(done)}).first;
-  if (!closed_.empty() || !links_[peer]->alive()) {
+  if (closed_.empty() && !dead(peer) && !links_[peer]) {
+    finish(sends_, it, std::make_exception_ptr(TimeoutError(str(late, " (", describe(it->second, true), ")"))));
+  } else if (!closed_.empty() || dead(peer)) {
     const std::string why = str(closed_.empty() ? linkError_[peer] : closed_, " (", describe(it->second, true), ")");
     finish(sends_, it, closed_.empty() ? linkError(peer, why) : error(why));
   } else {
@@ -78,18 +126,21 @@ void P2PEngine::postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline dead
 }
 
 void P2PEngine::postRecv(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) {
-  std::unique_lock<std::mutex> lock(mu_);
-  COLLX_CHECK(peer == kAnySource || (peer >= 0 && size_t(peer) < links_.size() && links_[peer]), "collx rank ",
+  COLLX_CHECK(peer == kAnySource || (peer >= 0 && size_t(peer) < links_.size() && peer != rank_), "collx rank ",
               rank_, ": invalid p2p peer ", peer);
+  const std::string late = peer == kAnySource ? "" : ensureLink(peer, deadline);
+  std::unique_lock<std::mutex> lock(mu_);
   const uint64_t id = ++nextId_;
   auto it = recvs_.emplace(id, Op{peer, tag, buffer, deadline, Clock::now(), std::move(done)}).first;
   if (!closed_.empty()) {
     finish(recvs_, it, error(str(closed_, " (", describe(it->second, false), ")")));
+  } else if (peer != kAnySource && !dead(peer) && !links_[peer]) {
+    finish(recvs_, it, std::make_exception_ptr(TimeoutError(str(late, " (", describe(it->second, false), ")"))));
   } else {
     // A message that fully arrived before its sender left is still received.
     matchParked(it);
     if (recvs_.count(id) && !it->second.matched) {
-      if (peer != kAnySource && !links_[peer]->alive()) {
+      if (peer != kAnySource && dead(peer)) {
         finish(recvs_, it, linkError(peer, str(linkError_[peer], " (", describe(it->second, false), ")")));
       } else {
         failIfNoPeers();
@@ -152,7 +203,7 @@ P2PEngine::OpMap::iterator P2PEngine::match(int peer, uint64_t tag) {
 }
 
 void P2PEngine::queueControl(int peer, OpKind kind, uint64_t seq, const std::string& text) {
-  if (!links_[peer]->alive()) return;
+  if (!links_[peer] || !links_[peer]->alive()) return;
   FrameHeader h{kFrameMagic, uint8_t(kind), 0, 0, 0, 0, seq, 0};
   if (text.empty()) {
     links_[peer]->queue(h, nullptr, 0);

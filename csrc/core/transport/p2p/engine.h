@@ -27,6 +27,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,10 +42,20 @@ namespace collx::tcp {
 
 class P2PEngine : public PointToPoint {
  public:
-  // `sockets`: one connected socket per peer, invalid at `rank`.
-  // `rings`: per peer, shared memory on this host or null (the socket).
-  P2PEngine(int rank, std::vector<Socket> sockets, std::vector<std::unique_ptr<shm::Link>> rings);
+  // Connects to `peer` by `deadline`; `wakeFd` readable: give up (connector.h's take).
+  using Connect = std::function<Socket(int peer, Deadline deadline, int wakeFd)>;
+
+  // `sockets`: a connected socket per peer (invalid at `rank`, and for the
+  // peers of a lazy group that are not connected yet); `rings`: per peer,
+  // shared memory on this host or null (the socket). `connect`: dials a
+  // missing peer at its first post (a lazy group's); missing peers that
+  // dial first arrive through adopt().
+  P2PEngine(int rank, std::vector<Socket> sockets, std::vector<std::unique_ptr<shm::Link>> rings,
+            Connect connect = {});
   ~P2PEngine() override;
+
+  // A connection that `peer` opened (thread-safe).
+  void adopt(int peer, Socket socket);
 
   void postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) override;
   void postRecv(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) override;
@@ -101,6 +112,14 @@ class P2PEngine : public PointToPoint {
   };
   using OpMap = std::map<uint64_t, Op>;  // by id: post order
 
+  // Before a post to `peer` (no lock held): connects to it if it has no link
+  // yet. Returns why it could not where only this op should fail (the peer
+  // did not answer in time); a peer that is gone fails its link instead.
+  std::string ensureLink(int peer, Deadline deadline);
+  // Under mu_: a link over `socket`, watched by the progress thread.
+  void install(int peer, Socket socket);
+  // Under mu_: the peer's link failed or could not be made.
+  bool dead(int peer) const { return !linkError_[size_t(peer)].empty(); }
   void startThread();
   void wake();
   // Wakes the progress thread if it sleeps without watching for what another
@@ -135,6 +154,9 @@ class P2PEngine : public PointToPoint {
   static int64_t millis(const Op& op);  // the op's timeout
 
   const int rank_;
+  const Connect connect_;
+  std::mutex connectMu_;  // one dial at a time, outside mu_
+  int closeFd_ = -1;      // an eventfd, readable once closed: stops a dial
   std::mutex mu_;
   std::vector<std::unique_ptr<P2PLink>> links_;  // by peer; null for self
   std::vector<Incoming> incoming_;               // by peer

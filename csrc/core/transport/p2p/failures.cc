@@ -1,5 +1,7 @@
 // How a p2p op ends other than by completing: its link fails, its deadline
 // passes, or the engine closes.
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "../../error.h"
@@ -54,7 +56,10 @@ void P2PEngine::failLink(int peer, const std::string& why, bool remote) {
 }
 
 void P2PEngine::failIfNoPeers() {
-  if (std::any_of(links_.begin(), links_.end(), [](auto& l) { return l && l->alive(); })) return;
+  // A peer not connected yet (a lazy group's) may still send.
+  for (size_t peer = 0; peer < links_.size(); ++peer) {
+    if (int(peer) != rank_ && !dead(int(peer))) return;
+  }
   for (auto it = recvs_.begin(); it != recvs_.end();) {
     auto cur = it++;
     if (cur->second.peer == kAnySource && !cur->second.matched) {
@@ -112,6 +117,8 @@ void P2PEngine::close(const std::string& why) {
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_.empty()) {
     closed_ = why;
+    const uint64_t one = 1;
+    (void)!::write(closeFd_, &one, sizeof(one));  // a dial in progress gives up
     for (auto* ops : {&sends_, &recvs_}) {
       while (!ops->empty()) finish(*ops, ops->begin(), error(str(why, " (", describe(ops->begin()->second, ops == &sends_), ")")));
     }

@@ -30,6 +30,7 @@ Pair::Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelle
     : rank_(rank),
       peer_(peer),
       stream_(std::move(socket), std::move(shm)),
+      connected_(stream_.valid()),
       cancelled_(cancelled),
       rx_(kRxBufferBytes) {}
 

@@ -21,9 +21,15 @@ class Pair {
  public:
   // `cancelled`: the collectives this rank cancelled (owned by the Device);
   // a peer's cancel frame for one of them is skipped, any other fails the op.
-  // `shm`: the rings to a peer on this host, or null for TCP.
+  // `shm`: the rings to a peer on this host, or null for TCP. An invalid
+  // `socket`: ops queue until connect() (a lazy group's first use).
   Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelled,
        std::unique_ptr<shm::Link> shm = nullptr);
+  bool connected() const { return connected_; }
+  void connect(Socket socket) {
+    stream_.attach(std::move(socket));
+    connected_ = true;
+  }
 
   int fd() const { return stream_.fd(); }
   int peer() const { return peer_; }
@@ -122,6 +128,7 @@ class Pair {
   int rank_;
   int peer_;
   Stream stream_;
+  bool connected_;
   const std::set<uint64_t>* cancelled_;
   std::deque<SendOp> sends_;
   std::deque<RecvOp> recvs_;

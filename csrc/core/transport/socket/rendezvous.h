@@ -1,20 +1,24 @@
-// Builds the full mesh of connections for one group through the Store.
+// What the ranks of one group tell each other through the Store, in a
+// number of requests linear in the group's size:
 //
 //   1. generation = (store.add("collx/generation", 1) - 1) / size. Group names
 //      are reused after destroy; the generation keeps a re-init from reading
 //      the addresses of the previous incarnation.
-//   2. rank 0 draws a random token and publishes it; every hello carries it.
-//   3. every rank listens on an ephemeral port and publishes "host:port".
-//   4. rank r connects to every rank below it and accepts every rank above
-//      it, once per channel (the hello names the channel). A connection whose hello is not ours (wrong magic, token, rank or
-//      generation; garbage; closed early) is dropped and accepting goes on;
-//      hellos are read from all accepted connections at once, so a silent or
-//      half-sent one holds up nobody (it is dropped after 10 s).
-//   5. the listener closes; nobody else can connect afterwards.
+//   2. every rank listens on an ephemeral port and sets "addr/<rank>" to
+//      "host:port" (or "host:port@label", see DeviceOptions::hostLabel).
+//   3. rank 0 reads them all at once (Store::getMany), draws the group's
+//      random token, and sets "table": the token, then every rank's address.
+//   4. every other rank reads "table".
 //
-// The published addresses also tell which ranks share a machine: ranks that
-// publish the same host address get the same host index (ranks on loopback
-// are one host; two network namespaces, or two machines, are two).
+// That is 4n+1 requests per group (a get is two), where every rank reading
+// every address took 2n² (rank 0's Store serves them all, one at a time).
+//
+// The addresses also tell which ranks share a machine: ranks that publish
+// the same host (or label) get the same host index (ranks on loopback are
+// one host; two network namespaces, or two machines, are two).
+//
+// The connections themselves are made by a Connector (connector.h), all at
+// once (connectMesh) or each when first needed.
 #pragma once
 
 #include <vector>
@@ -28,16 +32,35 @@ namespace collx::tcp {
 // not queue behind another's (kCollectives in op order, kP2P by tag).
 enum Channel : uint32_t { kCollectives = 0, kPointToPoint = 1, kChannels = 2 };
 
-struct Mesh {
-  std::vector<Socket> sockets[kChannels];  // per channel, one per peer; invalid at index `rank`
-  std::vector<int> hosts;       // host index per rank: equal published host address, equal index
-  std::string address;          // the "host:port" this rank published (empty for a group of 1)
-  std::string prefix;           // the group's Store prefix for this generation
+struct Directory {
+  int rank = 0;
+  int size = 1;
+  uint64_t generation = 0;
   uint64_t token = 0;           // the group's secret (every hello carries it)
+  std::string prefix;           // the group's Store prefix for this generation
+  std::string address;          // the "host:port" this rank published (empty for a group of 1)
+  std::vector<Address> addrs;   // per rank
+  std::vector<int> hosts;       // host index per rank: equal published host, equal index
+  Socket listener;              // non-blocking; invalid for a group of 1
 };
 
-// `localCongestion`: the congestion control of connections between ranks
-// on one host ("" leaves the system's); throws where the kernel refuses it.
+// Steps 1 to 4. `hostLabel`: stands for the host in the host indices (a
+// simulated host of a scale test); empty: the address's host.
+Directory publish(Store& store, int rank, int size, const std::string& ifname, int family,
+                  std::chrono::milliseconds timeout, const std::string& hostLabel = "");
+
+struct Mesh {
+  std::vector<Socket> sockets[kChannels];  // per channel, one per peer; invalid at index `rank`
+  std::vector<int> hosts;
+  std::string address;
+  std::string prefix;
+  uint64_t token = 0;
+};
+
+// Every rank connected to every other on both channels, then the listener
+// closed: lower ranks dial, higher ones accept. `localCongestion`: the
+// congestion control of connections between ranks on one host ("" leaves
+// the system's); throws where the kernel refuses it.
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
                  std::chrono::milliseconds timeout, const std::string& localCongestion = "reno");
 

@@ -236,13 +236,13 @@ Socket listenOn(Address& addr) {
   addr.setPort(0);
   COLLX_CHECK(::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr.storage), addr.len) == 0,
               "collx: bind(", addr.str(), ") failed: ", strerror(errno));
-  COLLX_CHECK(::listen(s.fd(), 128) == 0, "collx: listen failed: ", strerror(errno));
+  COLLX_CHECK(::listen(s.fd(), SOMAXCONN) == 0, "collx: listen failed: ", strerror(errno));
   COLLX_CHECK(getsockname(s.fd(), reinterpret_cast<sockaddr*>(&addr.storage), &addr.len) == 0,
               "collx: getsockname failed: ", strerror(errno));
   return s;
 }
 
-Socket connectTo(const Address& addr, Deadline deadline) {
+Socket connectTo(const Address& addr, Deadline deadline, bool retryRefused) {
   auto backoff = std::chrono::milliseconds(1);
   for (;;) {
     Socket s(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -261,7 +261,7 @@ Socket connectTo(const Address& addr, Deadline deadline) {
       s.setNonBlocking(false);
       return s;
     }
-    bool retry = err == ECONNREFUSED || err == ECONNRESET || err == ETIMEDOUT || err == EAGAIN;
+    bool retry = (retryRefused && err == ECONNREFUSED) || err == ECONNRESET || err == ETIMEDOUT || err == EAGAIN;
     if (!retry || Clock::now() + backoff >= deadline) {
       throw Error(str("collx: connect to ", addr.str(), " failed: ", strerror(err)));
     }

@@ -62,11 +62,13 @@ Address chooseAddress(const std::string& ifnameSpec, int family = AF_UNSPEC);
 // "AF_INET" -> AF_INET, "AF_INET6" -> AF_INET6, "" -> AF_UNSPEC; throws otherwise.
 int parseFamily(const std::string& name);
 
-// Listens on `addr` with an ephemeral port; `addr` gets the bound port.
+// Listens on `addr` with an ephemeral port; `addr` gets the bound port. The
+// backlog is the system's largest: every peer of a lazy group may dial at once.
 Socket listenOn(Address& addr);
 
-// Connects, retrying refused connections until the deadline.
-Socket connectTo(const Address& addr, Deadline deadline);
+// Connects, retrying refused connections until the deadline (`retryRefused`;
+// else a refusal throws at once: a listener known to be up is gone).
+Socket connectTo(const Address& addr, Deadline deadline, bool retryRefused = true);
 
 // Blocking exact write that gives up at the deadline; false on error.
 bool writeAll(const Socket& s, const void* data, size_t n, Deadline deadline);

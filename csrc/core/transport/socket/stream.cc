@@ -9,7 +9,12 @@
 namespace collx::tcp {
 
 Stream::Stream(Socket socket, std::unique_ptr<shm::Link> rings)
-    : socket_(std::move(socket)), rings_(std::move(rings)) {
+    : rings_(std::move(rings)) {
+  if (socket.valid()) attach(std::move(socket));
+}
+
+void Stream::attach(Socket socket) {
+  socket_ = std::move(socket);
   socket_.setNoDelay();
   socket_.setNonBlocking(true);
 }

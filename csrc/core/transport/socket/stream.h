@@ -19,7 +19,9 @@ namespace collx::tcp {
 
 class Stream {
  public:
+  // An invalid `socket`: a stream not connected yet (attach()).
   Stream(Socket socket, std::unique_ptr<shm::Link> rings);
+  void attach(Socket socket);
 
   int fd() const { return socket_.fd(); }
   bool valid() const { return socket_.valid(); }

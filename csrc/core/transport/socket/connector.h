@@ -1,0 +1,85 @@
+// The connections of one group's rank: made all at setup (eager), or each
+// when first needed (lazy), through a listener that an acceptor thread
+// serves for as long as the group may connect.
+//
+// Either side of a pair may dial: a receive from any source cannot know
+// whom to dial, so its sender must be able to. Every hello gets one reply
+// byte from the acceptor:
+//
+//   kAccepted   the connection is the pair's, on that channel
+//   kDuplicate  the acceptor holds one already, or is dialing the peer
+//               itself and has the lower rank (its own dial wins)
+//
+// So two ranks that dial each other at once keep one connection: the lower
+// rank's. The higher one, refused, waits for that dial to reach its own
+// acceptor. Nobody waits on a busy rank: the acceptor thread answers hellos
+// whatever its rank is doing. A hello that is not ours (wrong magic, token,
+// generation or rank; garbage; half sent) is dropped, and a silent
+// connection after kHelloTimeout; none holds up the others.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "rendezvous.h"
+
+namespace collx::tcp {
+
+class Connector {
+ public:
+  // Connections the peers open on `channel` go to `sink` at once instead of
+  // waiting for take() (p2p: a receive from any source takes them).
+  using Sink = std::function<void(int peer, Socket socket)>;
+
+  // `directory`: publish()'s; the connector owns its listener from now on.
+  Connector(int rank, Directory directory, const std::string& localCongestion);
+  ~Connector();
+  Connector(const Connector&) = delete;
+  Connector& operator=(const Connector&) = delete;
+
+  void setSink(Channel channel, Sink sink);
+
+  // The connection to `peer` on `channel`: one the peer opened, else one
+  // dialed now (`dial` false: wait for the peer to dial). Returns an invalid
+  // Socket where the peer's connection went to the channel's sink. Throws
+  // TimeoutError at the deadline, and Error where the peer refuses (it left)
+  // or `wakeFd` becomes readable (the caller is interrupted).
+  Socket take(int peer, Channel channel, Deadline deadline, int wakeFd = -1, bool dial = true);
+
+  // Closes the listener (new connections are refused) and drops what no one
+  // took; take() throws afterwards. Safe to call twice.
+  void stop();
+
+  const Directory& directory() const { return dir_; }
+
+ private:
+  // kAccepting: accepted, on its way to the sink (neither dial nor accept again).
+  enum class State : uint8_t { kIdle, kDialing, kAccepting, kDone };
+  struct Pending;  // an accepted connection whose hello has not fully arrived
+
+  void acceptLoop();
+  // A complete, valid hello from `peer` on `channel`: reply and keep or drop.
+  void onHello(Socket socket, int peer, Channel channel);
+  // Dials once; true if the peer accepted, false if it refused it as a duplicate.
+  bool dial(int peer, Channel channel, Deadline deadline, int wakeFd, Socket* out);
+  // Local settings (congestion control, send buffer) for a new connection.
+  void configure(Socket& s, int peer) const;
+
+  const int rank_;
+  Directory dir_;
+  const std::string localCongestion_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<State> state_[kChannels];  // per peer
+  std::vector<Socket> ready_[kChannels];  // accepted, not yet taken
+  Sink sinks_[kChannels];
+  bool stopped_ = false;
+  std::string failed_;  // why an accepted connection could not be set up
+  int stopFd_ = -1;  // an eventfd: wakes the acceptor to stop
+  std::thread acceptor_;
+};
+
+}  // namespace collx::tcp

@@ -1,0 +1,199 @@
+// Lazy connections (socket/connector.h) over loopback TCP: a group connects
+// only the pairs its ops use; ranks that dial each other at the same moment
+// keep one connection; a receive from any source posted before anyone
+// connected gets its messages; a peer that left fails a dial at once; and a
+// rank's death reaches every rank waiting in a ring all-reduce, though each
+// holds sockets to its two neighbours only.
+#include <dirent.h>
+
+#include <atomic>
+#include <future>
+
+#include "../../csrc/core/algorithms/algorithms.h"
+#include "check.h"
+#include "group.h"
+
+using namespace collx;
+using namespace std::chrono_literals;
+
+namespace {
+
+tcp::DeviceOptions lazyTcp(bool lazy = true) {
+  tcp::DeviceOptions o;
+  o.transport = shm::Mode::kTcp;
+  o.lazy = lazy;
+  return o;
+}
+
+// Runs an all-reduce of `count` int32 (rank r contributes r + 1) with `algo` on every rank; checks the sum.
+void allreduceOn(test::Group& g, Algorithm algo, size_t count, uint64_t seq) {
+  const int n = int(g.devices.size());
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, seq, Clock::now() + 30s, 1 << 12, 2, ws};
+    std::vector<int32_t> buf(count, r + 1);
+    allreduce(c, algo, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    for (int32_t v : buf) CHECK(v == n * (n + 1) / 2, "rank ", r, " got ", v);
+  });
+}
+
+int openFds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  while (d && readdir(d)) ++n;
+  if (d) closedir(d);
+  return n;
+}
+
+void testConnectsWhatItUses() {
+  const int n = 5;
+  test::Group g(n, lazyTcp());
+  for (auto& d : g.devices) CHECK(d->connectedPeers() == 0, "a lazy group connected at creation");
+  allreduceOn(g, Algorithm::kRing, 10007, 1);
+  for (int r = 0; r < n; ++r) {
+    CHECK(g.devices[r]->connectedPeers() == 2, "rank ", r, " holds ", g.devices[r]->connectedPeers(),
+          " connections after a ring all-reduce, not its two neighbours'");
+  }
+  allreduceOn(g, Algorithm::kDirect, 1000, 2);
+  for (int r = 0; r < n; ++r) CHECK(g.devices[r]->connectedPeers() == n - 1, "rank ", r, " after direct");
+
+  test::Group eager(n, lazyTcp(false));
+  for (auto& d : eager.devices) CHECK(d->connectedPeers() == n - 1, "an eager group connects every peer at creation");
+  allreduceOn(eager, Algorithm::kRing, 10007, 1);
+  std::printf("lazy: a ring holds 2 connections per rank, direct %d; eager holds %d\n", n - 1, n - 1);
+}
+
+// Every rank sends to and receives from every other at once (direct), on
+// fresh groups: each pair dials both ways at the same moment and must keep
+// one connection, which the process's open descriptors show.
+void testSimultaneousDials() {
+  const int n = 6;
+  for (int round = 0; round < 5; ++round) {
+    const int before = openFds();
+    {
+      test::Group g(n, lazyTcp());
+      const int idle = openFds();
+      allreduceOn(g, Algorithm::kDirect, 3000, 1);
+      allreduceOn(g, Algorithm::kRing, 3000, 2);
+      const int pairs = n * (n - 1) / 2;
+      // Two ends per connection, all in this process; refused duplicates are closed.
+      CHECK(openFds() - idle == 2 * pairs, "round ", round, ": ", openFds() - idle, " descriptors for ", pairs,
+            " pairs");
+    }
+    CHECK(openFds() == before, "round ", round, ": ", openFds() - before, " descriptors left after close");
+  }
+  std::printf("lazy: simultaneous dials keep one connection per pair\n");
+}
+
+// A receive from any source, posted before any rank connected: the senders
+// dial, and their connections reach the receiver's engine unasked.
+void testAnySourceFirst() {
+  const int n = 4;
+  test::Group g(n, lazyTcp());
+  std::vector<std::vector<float>> got(n - 1, std::vector<float>(100));
+  std::vector<std::promise<int>> sources(n - 1);
+  for (int i = 0; i < n - 1; ++i) {
+    g.devices[0]->p2p().postRecv(kAnySource, 7, {got[size_t(i)].data(), 400, DataType::kFloat32}, Clock::now() + 30s,
+                                 [&, i](int src, std::exception_ptr e) { sources[size_t(i)].set_value(e ? -1 : src); });
+  }
+  test::runRanks(n - 1, [&](int i) {
+    const int r = i + 1;
+    std::vector<float> data(100, float(r));
+    std::promise<bool> sent;
+    g.devices[r]->p2p().postSend(0, 7, {data.data(), 400, DataType::kFloat32}, Clock::now() + 30s,
+                                 [&](int, std::exception_ptr e) { sent.set_value(!e); });
+    CHECK(sent.get_future().get(), "rank ", r, "'s send failed");
+  });
+  std::vector<bool> seen(n);
+  for (int i = 0; i < n - 1; ++i) {
+    auto f = sources[size_t(i)].get_future();
+    CHECK(f.wait_for(30s) == std::future_status::ready, "receive ", i, " pending");
+    const int src = f.get();
+    CHECK(src > 0 && src < n && !seen[size_t(src)], "receive ", i, " from ", src);
+    seen[size_t(src)] = true;
+    CHECK(got[size_t(i)][99] == float(src), "receive ", i, " holds ", got[size_t(i)][99], " from ", src);
+  }
+  std::printf("lazy: a receive from any source gets the senders' new connections\n");
+}
+
+// A peer that closed its group: a dial to it fails at once, naming it.
+void testPeerGone() {
+  const int n = 3;
+  test::Group g(n, lazyTcp());
+  g.devices[2]->close();
+  const auto start = Clock::now();
+  std::promise<std::string> failed;
+  std::vector<float> data(10);
+  g.devices[0]->p2p().postSend(2, 1, {data.data(), 40, DataType::kFloat32}, Clock::now() + 30s,
+                               [&](int, std::exception_ptr e) {
+                                 std::string why;
+                                 try {
+                                   if (e) std::rethrow_exception(e);
+                                 } catch (const std::exception& ex) {
+                                   why = ex.what();
+                                 }
+                                 failed.set_value(why);
+                               });
+  const std::string why = failed.get_future().get();
+  CHECK(why.find("Connection closed by peer 2") != std::string::npos, "p2p: '", why, "'");
+  std::string collective;
+  test::runRanks(2, [&](int r) {
+    Workspace ws;
+    Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + 30s, 1 << 12, 2, ws};
+    std::vector<int32_t> buf(100, 1);
+    try {
+      allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      if (r == 0) collective = e.what();
+    }
+  });
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  CHECK(!collective.empty(), "an all-reduce with a departed rank succeeded");
+  CHECK(ms < 5000, "failing took ", ms, " ms");
+  std::printf("lazy: a departed peer fails dials at once (%lld ms): %s\n", (long long)ms, collective.c_str());
+}
+
+// A ring all-reduce on n ranks, each connected to its two neighbours only;
+// one rank's connections close mid-op (a killed process's do): every other
+// rank fails within seconds, the news travelling along the ring.
+void testDeathReachesEveryRank() {
+  const int n = 8, victim = 3;
+  test::Group g(n, lazyTcp());
+  allreduceOn(g, Algorithm::kRing, 1000, 1);
+  std::vector<int64_t> failedMs(n, -1);
+  const auto start = Clock::now();
+  test::runRanks(n, [&](int r) {
+    if (r == victim) {
+      std::this_thread::sleep_for(100ms);
+      g.devices[r]->close();
+      return;
+    }
+    Workspace ws;
+    Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, 2, Clock::now() + 60s, 1 << 12, 2, ws};
+    std::vector<int32_t> buf(1000, 1);
+    try {
+      allreduce(c, Algorithm::kRing, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    } catch (const Error&) {
+      failedMs[size_t(r)] = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    }
+  });
+  int64_t worst = 0;
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    CHECK(failedMs[size_t(r)] >= 0, "rank ", r, " finished an all-reduce its peer left");
+    worst = std::max(worst, failedMs[size_t(r)]);
+  }
+  CHECK(worst < 5000, "the last rank failed after ", worst, " ms");
+  std::printf("lazy: a death mid-ring reached all %d ranks in %lld ms\n", n - 1, (long long)worst);
+}
+
+}  // namespace
+
+int main() {
+  testConnectsWhatItUses();
+  testSimultaneousDials();
+  testAnySourceFirst();
+  testPeerGone();
+  testDeathReachesEveryRank();
+  std::printf("test_lazy: ok\n");
+}

@@ -1,0 +1,127 @@
+"""Lazy and eager connections over TCP (docs/design.md, COLLX_CONNECT).
+
+A lazy group (the default) connects a pair of ranks when an op first talks
+between them: after a ring all-reduce each rank holds its two neighbours'
+connections and its listener; an eager one holds two connections per peer
+from the start. The user code that makes two ranks dial each other at the
+same moment (a ring shift of isend/irecv), and a receive from any source
+posted before anyone connected, work; a rank SIGKILLed during a ring
+all-reduce fails every other rank promptly, though each holds sockets to
+its neighbours only.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("torchcollx")
+
+from launcher import Died, run_ranks  # noqa: E402
+
+TCP = {"COLLX_TRANSPORT": "tcp", "COLLX_TUNING": "table"}
+
+
+def _sockets():
+    """This process's sockets: under file:// init, all collx's."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def _settled(name, ws):
+    """This process's sockets now, before any rank goes on to the next op
+    (a barrier through the Store, a file, which opens no connection)."""
+    import torch.distributed as dist
+    n = _sockets()
+    store = dist.distributed_c10d._get_default_store()
+    store.add(name, 1)
+    while store.add(name, 0) < ws:
+        time.sleep(0.01)
+    return n
+
+
+def _connections(rank, ws):
+    import torch
+    import torch.distributed as dist
+    created = _settled("created", ws)
+    t = torch.full((1 << 16,), float(rank))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full_like(t, ws * (ws - 1) / 2)), t[:4]
+    after_ring = _settled("ring", ws)
+    # p2p: a ring shift, isend and irecv posted together; each pair dials both ways at once
+    out, got = torch.full((100,), float(rank)), torch.empty(100)
+    reqs = [dist.irecv(got, (rank - 1) % ws), dist.isend(out, (rank + 1) % ws)]
+    for r in reqs:
+        r.wait()
+    assert torch.equal(got, torch.full_like(got, float((rank - 1) % ws)))
+    after_shift = _settled("shift", ws)
+    # a receive from any source, posted by rank 0 before any other rank sent to it
+    if rank == 0:
+        sources = set()
+        for _ in range(ws - 1):
+            buf = torch.empty(10)
+            src = dist.recv(buf)
+            assert torch.equal(buf, torch.full_like(buf, float(src))), (src, buf)
+            sources.add(src)
+        assert sources == set(range(1, ws)), sources
+    else:
+        time.sleep(0.2 * rank)
+        dist.send(torch.full((10,), float(rank)), 0)
+    return created, after_ring, after_shift, _settled("any", ws)
+
+
+def test_lazy_connects_what_the_ops_use():
+    ws = 5
+    results = run_ranks(_connections, ws, timeout=120, env=dict(TCP, COLLX_ALGORITHM="ring"))
+    for rank, (created, after_ring, after_shift, after_any) in enumerate(results):
+        assert created == 1, f"rank {rank}: {created} sockets after init (want the listener only)"
+        assert after_ring == 3, f"rank {rank}: {after_ring} sockets after a ring all-reduce (want listener + 2)"
+        assert after_shift == 5, f"rank {rank}: {after_shift} after the p2p ring shift (want 2 more)"
+        # ranks 2 .. ws-2 had no p2p connection with rank 0 yet
+        want = 5 + ws - 3 if rank == 0 else 6 if 2 <= rank <= ws - 2 else 5
+        assert after_any == want, f"rank {rank}: {after_any} sockets after the sends to rank 0 (want {want})"
+
+
+def test_eager_connects_every_peer():
+    ws = 4
+    results = run_ranks(_connections, ws, timeout=120, env=dict(TCP, COLLX_ALGORITHM="ring", COLLX_CONNECT="eager"))
+    for rank, counts in enumerate(results):
+        assert set(counts) == {2 * (ws - 1)}, (rank, counts)
+
+
+def _killed_mid_ring(rank, ws, victim):
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(1 << 10)
+    dist.all_reduce(t)  # the ring's connections are made
+    if rank == victim:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001
+        return time.monotonic() - start, str(e)
+    return None
+
+
+def test_a_killed_rank_fails_every_ring_rank_promptly():
+    ws, victim = 6, 2
+    results = run_ranks(_killed_mid_ring, ws, timeout=120, args=(victim,), may_die={victim},
+                        env=dict(TCP, COLLX_ALGORITHM="ring"))
+    assert isinstance(results[victim], Died)
+    for rank, r in enumerate(results):
+        if rank == victim:
+            continue
+        assert r is not None, f"rank {rank} finished an all-reduce with a killed rank"
+        seconds, why = r
+        # the victim sleeps 0.5 s first; each of the others learns within a few seconds
+        assert seconds < 5.0, f"rank {rank} failed after {seconds:.1f} s: {why}"
+        assert "peer" in why, why
