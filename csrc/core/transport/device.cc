@@ -56,7 +56,12 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
       sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, -1, peer < rank);
     }
   }
-  if (!lazy_) connector_->stop();  // nobody can connect any more
+  // Nobody connects any more where every peer is connected (eager, or all on this host).
+  if (std::count_if(sockets[kCollectives].begin(), sockets[kCollectives].end(),
+                    [](const Socket& s) { return s.valid(); }) == size - 1) {
+    lazy_ = false;
+    connector_->stop();
+  }
   std::vector<int> fds;
   for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
   shm::LocalLinks local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport,

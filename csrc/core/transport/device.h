@@ -55,7 +55,7 @@ class Device : public Transport {
   // pair wanted it but fell back to TCP (worth a warning).
   const std::string& transportNote() const { return transportNote_; }
   bool shmUnavailable() const { return shmUnavailable_; }
-  bool connectsOnUse() const override { return lazy_ && size_ - 1 > connectedPeers(); }
+  bool connectsOnUse() const override { return lazy_; }
   // The peers this rank holds a collectives connection (or rings) with.
   int connectedPeers() const;
   void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
@@ -127,7 +127,7 @@ class Device : public Transport {
 
   int rank_;
   int size_;
-  bool lazy_;
+  bool lazy_;  // some peers are connected on first use
   std::shared_ptr<Connector> connector_;       // serves a lazy group's dials until close()
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self and peers never posted to
   std::shared_ptr<P2PEngine> p2p_;
