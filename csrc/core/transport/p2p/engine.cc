@@ -104,10 +104,11 @@ std::string P2PEngine::describe(const Op& op, bool isSend) const {
 void P2PEngine::postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) {
   COLLX_CHECK(peer >= 0 && size_t(peer) < links_.size() && peer != rank_, "collx rank ", rank_,
               ": invalid p2p peer ", peer);
+  const Clock::time_point posted = Clock::now();  // before connecting: the op's timeout runs from here
   const std::string late = ensureLink(peer, deadline);
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t id = ++nextId_;
-  auto it = sends_.emplace(id, Op{peer, tag, buffer, deadline, Clock::now(), std::move(done)}).first;
+  auto it = sends_.emplace(id, Op{peer, tag, buffer, deadline, posted, std::move(done)}).first;
   if (closed_.empty() && !dead(peer) && !links_[peer]) {
     finish(sends_, it, std::make_exception_ptr(TimeoutError(str(late, " (", describe(it->second, true), ")"))));
   } else if (!closed_.empty() || dead(peer)) {
@@ -128,10 +129,11 @@ void P2PEngine::postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline dead
 void P2PEngine::postRecv(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) {
   COLLX_CHECK(peer == kAnySource || (peer >= 0 && size_t(peer) < links_.size() && peer != rank_), "collx rank ",
               rank_, ": invalid p2p peer ", peer);
+  const Clock::time_point posted = Clock::now();  // before connecting: the op's timeout runs from here
   const std::string late = peer == kAnySource ? "" : ensureLink(peer, deadline);
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t id = ++nextId_;
-  auto it = recvs_.emplace(id, Op{peer, tag, buffer, deadline, Clock::now(), std::move(done)}).first;
+  auto it = recvs_.emplace(id, Op{peer, tag, buffer, deadline, posted, std::move(done)}).first;
   if (!closed_.empty()) {
     finish(recvs_, it, error(str(closed_, " (", describe(it->second, false), ")")));
   } else if (peer != kAnySource && !dead(peer) && !links_[peer]) {

@@ -265,6 +265,11 @@ void Connector::acceptLoop() {
         pending.push_back(Pending{Socket(fd), Hello{}, 0, Clock::now() + kHelloTimeout});
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         break;
+      } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors (ulimit -n) or memory: the dial waits in the
+        // backlog; this rank's own ops fail on it with the reason.
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        break;
       } else if (errno != EINTR && errno != ECONNABORTED) {
         return;  // the listener failed: dials to this rank fail, and say so there
       }

@@ -40,18 +40,13 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
   dir.address = self.str();
   const std::string record = hostLabel.empty() ? dir.address : dir.address + "@" + hostLabel;
   store.set(dir.prefix + "addr/" + std::to_string(rank), bytesOf(record));
+  if (rank == 0) store.set(dir.prefix + "token", bytesOf(std::to_string(randomToken())));
 
-  // The table: the token, then one record per rank, a line each.
+  // The token, then one record per rank, a line each.
+  std::vector<std::string> keys{dir.prefix + "token"};
+  for (int r = 0; r < size; ++r) keys.push_back(dir.prefix + "addr/" + std::to_string(r));
   std::string table;
-  if (rank == 0) {
-    std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(dir.prefix + "addr/" + std::to_string(r));
-    table = std::to_string(randomToken());
-    for (const auto& v : store.getMany(keys, timeout)) table += "\n" + stringOf(v);
-    store.set(dir.prefix + "table", bytesOf(table));
-  } else {
-    table = stringOf(store.get(dir.prefix + "table", timeout));
-  }
+  for (const auto& v : store.getMany(keys, timeout)) table += stringOf(v) + "\n";
   std::istringstream lines(table);
   std::string line;
   std::getline(lines, line);
@@ -66,8 +61,6 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
     if (it == hostNames.end()) hostNames.push_back(host);
     dir.addrs.push_back(a);
   }
-  COLLX_CHECK(int(dir.addrs.size()) == size, "collx rank ", rank, ": the group's address table holds ",
-              dir.addrs.size(), " ranks, not ", size);
   return dir;
 }
 

@@ -5,13 +5,14 @@
 //      are reused after destroy; the generation keeps a re-init from reading
 //      the addresses of the previous incarnation.
 //   2. every rank listens on an ephemeral port and sets "addr/<rank>" to
-//      "host:port" (or "host:port@label", see DeviceOptions::hostLabel).
-//   3. rank 0 reads them all at once (Store::getMany), draws the group's
-//      random token, and sets "table": the token, then every rank's address.
-//   4. every other rank reads "table".
+//      "host:port" (or "host:port@label", see DeviceOptions::hostLabel);
+//      rank 0 also sets "token", the group's random secret.
+//   3. every rank reads the token and all the addresses at once
+//      (Store::getMany: one wait for them all, one multi-get).
 //
-// That is 4n+1 requests per group (a get is two), where every rank reading
-// every address took 2n² (rank 0's Store serves them all, one at a time).
+// That is 4n+1 requests per group, where each rank reading each address
+// took 2n² (rank 0's Store serves them all, one at a time). Nobody relays:
+// the last rank's address completes every rank's read.
 //
 // The addresses also tell which ranks share a machine: ranks that publish
 // the same host (or label) get the same host index (ranks on loopback are
