@@ -3,7 +3,8 @@
 // keep one connection; a receive from any source posted before anyone
 // connected gets its messages; a peer that left fails a dial at once; and a
 // rank's death reaches every rank waiting in a ring all-reduce, though each
-// holds sockets to its two neighbours only.
+// holds sockets to its two neighbours only; ranks whose COLLX_CONNECT
+// differs fail at creation.
 #include <dirent.h>
 
 #include <atomic>
@@ -187,9 +188,29 @@ void testDeathReachesEveryRank() {
   std::printf("lazy: a death mid-ring reached all %d ranks in %lld ms\n", n - 1, (long long)worst);
 }
 
+// Ranks that connect differently fail at creation, every one of them,
+// naming the setting: an eager rank would wait for lazy peers that never dial.
+void testModesMustAgree() {
+  const int n = 3;
+  test::MemoryStore store;
+  std::vector<std::string> errors(n);
+  test::runRanks(n, [&](int r) {
+    try {
+      tcp::Device d(store, r, n, lazyTcp(r != 2));
+    } catch (const Error& e) {
+      errors[size_t(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(errors[size_t(r)].find("COLLX_CONNECT") != std::string::npos, "rank ", r, ": '", errors[size_t(r)], "'");
+  }
+  std::printf("lazy: mixed modes fail at creation: %s\n", errors[0].c_str());
+}
+
 }  // namespace
 
 int main() {
+  testModesMustAgree();
   testConnectsWhatItUses();
   testSimultaneousDials();
   testAnySourceFirst();

@@ -36,7 +36,8 @@ std::string keyOf(const std::string& k) { return "collx/0/" + k; }
 
 Address addressOf(test::MemoryStore& store, int rank) {
   auto v = store.get(keyOf("addr/" + std::to_string(rank)), std::chrono::seconds(30));
-  return Address::parse(std::string(v.begin(), v.end()));
+  const std::string record(v.begin(), v.end());  // "host:port mode" (rendezvous.h)
+  return Address::parse(record.substr(0, record.find(' ')));
 }
 
 uint64_t tokenOf(test::MemoryStore& store) {

@@ -257,7 +257,13 @@ void Refiner::agree(const Collective& c, double* values, int n, std::unique_lock
   lock.unlock();  // describe() need not wait for the peers
   Collective agree{c.transport, OpKind::kCalibrate, DataType::kFloat64, kRefineSeq + agreements_++, c.deadline,
                    c.segmentBytes, c.treeArity, scratch_, c.tuning};
-  directAllreduce(agree, values, size_t(n), cpuReduceFn(DataType::kFloat64, ReduceOp::kSum));
+  // Direct takes one round, but would connect every pair of a lazy group;
+  // the tree connects each rank to its parent and children.
+  if (c.transport.connectsOnUse()) {
+    treeAllreduce(agree, values, size_t(n), cpuReduceFn(DataType::kFloat64, ReduceOp::kSum));
+  } else {
+    directAllreduce(agree, values, size_t(n), cpuReduceFn(DataType::kFloat64, ReduceOp::kSum));
+  }
   lock.lock();
 }
 

@@ -40,7 +40,9 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     : rank_(rank), size_(size), lazy_(options.lazy), pairs_(size) {
   const Deadline deadline = Clock::now() + options.timeout;
   connector_ = std::make_shared<Connector>(
-      rank, publish(store, rank, size, options.ifname, options.family, options.timeout, options.hostLabel),
+      rank,
+      publish(store, rank, size, options.ifname, options.family, options.timeout, options.hostLabel,
+              options.lazy ? "lazy" : "eager"),
       options.localCongestion);
   const Directory& dir = connector_->directory();
   hosts_ = dir.hosts;

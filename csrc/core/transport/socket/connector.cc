@@ -50,6 +50,15 @@ Connector::Connector(int rank, Directory directory, const std::string& localCong
     stopped_ = true;
     return;
   }
+  // A setting the kernel refuses fails every rank that has local peers now,
+  // not only the one whose dial meets it first.
+  const int here = dir_.hosts[size_t(rank)];
+  if (!localCongestion_.empty() && std::count(dir_.hosts.begin(), dir_.hosts.end(), here) > 1) {
+    Socket probe(::socket(dir_.addrs[size_t(rank)].storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    COLLX_CHECK(probe.valid() && probe.setCongestionControl(localCongestion_.c_str()), "collx rank ", rank_,
+                ": the kernel refuses congestion control '", localCongestion_, "' (COLLX_TCP_CONGESTION): ",
+                strerror(errno));
+  }
   stopFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   COLLX_CHECK(stopFd_ >= 0, "collx rank ", rank, ": eventfd failed: ", strerror(errno));
   acceptor_ = std::thread([this] { acceptLoop(); });
@@ -163,6 +172,7 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
     throw PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank_, " could not connect to ",
                               addr.str(), ": the peer's process exited or it closed its group; ", e.what(), ")"));
   }
+  configure(s, peer);  // before the hello: a setting the kernel refuses fails here, not at the peer
   const Hello mine{kHelloMagic, rank_, dir_.size, channel, dir_.generation, dir_.token};
   COLLX_CHECK(writeAll(s, &mine, sizeof(mine), deadline), "collx rank ", rank_, ": could not send hello to peer ", peer,
               " at ", addr.str());
@@ -187,7 +197,6 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
     }
   }
   if (reply != kAccepted) return false;
-  configure(s, peer);
   *out = std::move(s);
   return true;
 }
@@ -197,16 +206,18 @@ void Connector::onHello(Socket socket, int peer, Channel channel) {
   State& state = state_[channel][size_t(peer)];
   const bool duplicate =
       state == State::kDone || state == State::kAccepting || (state == State::kDialing && rank_ < peer);
+  if (!duplicate) {
+    try {
+      configure(socket, peer);
+    } catch (const Error& e) {
+      failed_ = e.what();  // this rank's waits fail with it
+      lock.unlock();
+      changed_.notify_all();
+      return;
+    }
+  }
   const char reply = duplicate ? kDuplicate : kAccepted;
   if (::send(socket.fd(), &reply, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1 || duplicate) return;  // dropped
-  try {
-    configure(socket, peer);
-  } catch (const Error& e) {
-    failed_ = e.what();  // the dialer's own configure() fails alike
-    lock.unlock();
-    changed_.notify_all();
-    return;
-  }
   if (sinks_[channel]) {
     state = State::kAccepting;
     Sink sink = sinks_[channel];

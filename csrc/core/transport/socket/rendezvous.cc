@@ -23,7 +23,7 @@ uint64_t randomToken() {
 }  // namespace
 
 Directory publish(Store& store, int rank, int size, const std::string& ifname, int family,
-                  std::chrono::milliseconds timeout, const std::string& hostLabel) {
+                  std::chrono::milliseconds timeout, const std::string& hostLabel, const std::string& connect) {
   Directory dir;
   dir.rank = rank;
   dir.size = size;
@@ -38,7 +38,7 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
   dir.listener = listenOn(self);
   dir.listener.setNonBlocking(true);  // accept4 must not block on a connection reset before it
   dir.address = self.str();
-  const std::string record = hostLabel.empty() ? dir.address : dir.address + "@" + hostLabel;
+  const std::string record = (hostLabel.empty() ? dir.address : dir.address + "@" + hostLabel) + " " + connect;
   store.set(dir.prefix + "addr/" + std::to_string(rank), bytesOf(record));
   if (rank == 0) store.set(dir.prefix + "token", bytesOf(std::to_string(randomToken())));
 
@@ -53,6 +53,11 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
   dir.token = std::stoull(line);
   std::vector<std::string> hostNames;  // by host index
   while (std::getline(lines, line)) {
+    const size_t space = line.find(' ');
+    const std::string theirs = line.substr(space + 1);
+    COLLX_CHECK(theirs == connect, "collx rank ", rank, ": the ranks connect differently (COLLX_CONNECT): rank ",
+                dir.addrs.size(), " is ", theirs, ", this rank ", connect, "; set it alike on every rank");
+    line.resize(space);
     const size_t at = line.find('@');
     const Address a = Address::parse(line.substr(0, at));
     const std::string host = at == std::string::npos ? a.host() : line.substr(at + 1);
@@ -67,7 +72,7 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
                  std::chrono::milliseconds timeout, const std::string& localCongestion) {
   const Deadline deadline = Clock::now() + timeout;
-  Connector connector(rank, publish(store, rank, size, ifname, family, timeout), localCongestion);
+  Connector connector(rank, publish(store, rank, size, ifname, family, timeout, "", "eager"), localCongestion);
   Mesh mesh;
   for (auto& channel : mesh.sockets) channel.resize(size_t(size));
   for (int peer = 0; peer < size; ++peer) {

@@ -5,8 +5,10 @@
 //      are reused after destroy; the generation keeps a re-init from reading
 //      the addresses of the previous incarnation.
 //   2. every rank listens on an ephemeral port and sets "addr/<rank>" to
-//      "host:port" (or "host:port@label", see DeviceOptions::hostLabel);
-//      rank 0 also sets "token", the group's random secret.
+//      "host:port" (or "host:port@label", see DeviceOptions::hostLabel) and
+//      how it connects ("lazy" or "eager", which must agree: an eager rank
+//      would wait at creation for lazy peers that never dial); rank 0 also
+//      sets "token", the group's random secret.
 //   3. every rank reads the token and all the addresses at once
 //      (Store::getMany: one wait for them all, one multi-get).
 //
@@ -45,10 +47,11 @@ struct Directory {
   Socket listener;              // non-blocking; invalid for a group of 1
 };
 
-// Steps 1 to 4. `hostLabel`: stands for the host in the host indices (a
-// simulated host of a scale test); empty: the address's host.
+// Steps 1 to 3. `hostLabel`: stands for the host in the host indices (a
+// simulated host of a scale test); empty: the address's host. `connect`:
+// "lazy" or "eager"; throws where another rank's differs.
 Directory publish(Store& store, int rank, int size, const std::string& ifname, int family,
-                  std::chrono::milliseconds timeout, const std::string& hostLabel = "");
+                  std::chrono::milliseconds timeout, const std::string& hostLabel, const std::string& connect);
 
 struct Mesh {
   std::vector<Socket> sockets[kChannels];  // per channel, one per peer; invalid at index `rank`
