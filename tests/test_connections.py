@@ -36,10 +36,16 @@ def _sockets():
 
 
 def _settled(name, ws):
-    """This process's sockets now, before any rank goes on to the next op
-    (a barrier through the Store, a file, which opens no connection)."""
+    """This process's sockets once the phase's connections settled, before
+    any rank goes on to the next op (a barrier through the Store, a file,
+    which opens no connection). Settled: unchanged for 0.2 s, since a dial
+    refused as a duplicate holds a socket here until the acceptor answers."""
     import torch.distributed as dist
-    n = _sockets()
+    n, since = _sockets(), time.monotonic()
+    while time.monotonic() - since < 0.2:
+        time.sleep(0.02)
+        if _sockets() != n:
+            n, since = _sockets(), time.monotonic()
     store = dist.distributed_c10d._get_default_store()
     store.add(name, 1)
     while store.add(name, 0) < ws:

@@ -41,7 +41,7 @@ Address addressOf(test::MemoryStore& store, int rank) {
 }
 
 uint64_t tokenOf(test::MemoryStore& store) {
-  auto v = store.get(keyOf("token"), std::chrono::seconds(30));
+  auto v = store.get(keyOf("table"), std::chrono::seconds(30));  // the token, then the addresses
   return std::stoull(std::string(v.begin(), v.end()));
 }
 

@@ -40,13 +40,18 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
   dir.address = self.str();
   const std::string record = (hostLabel.empty() ? dir.address : dir.address + "@" + hostLabel) + " " + connect;
   store.set(dir.prefix + "addr/" + std::to_string(rank), bytesOf(record));
-  if (rank == 0) store.set(dir.prefix + "token", bytesOf(std::to_string(randomToken())));
 
-  // The token, then one record per rank, a line each.
-  std::vector<std::string> keys{dir.prefix + "token"};
-  for (int r = 0; r < size; ++r) keys.push_back(dir.prefix + "addr/" + std::to_string(r));
+  // The table: the token, then one record per rank, a line each.
   std::string table;
-  for (const auto& v : store.getMany(keys, timeout)) table += stringOf(v) + "\n";
+  if (rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r) keys.push_back(dir.prefix + "addr/" + std::to_string(r));
+    table = std::to_string(randomToken()) + "\n";
+    for (const auto& v : store.getMany(keys, timeout)) table += stringOf(v) + "\n";
+    store.set(dir.prefix + "table", bytesOf(table));
+  } else {
+    table = stringOf(store.get(dir.prefix + "table", timeout));
+  }
   std::istringstream lines(table);
   std::string line;
   std::getline(lines, line);

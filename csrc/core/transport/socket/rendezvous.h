@@ -7,14 +7,17 @@
 //   2. every rank listens on an ephemeral port and sets "addr/<rank>" to
 //      "host:port" (or "host:port@label", see DeviceOptions::hostLabel) and
 //      how it connects ("lazy" or "eager", which must agree: an eager rank
-//      would wait at creation for lazy peers that never dial); rank 0 also
-//      sets "token", the group's random secret.
-//   3. every rank reads the token and all the addresses at once
-//      (Store::getMany: one wait for them all, one multi-get).
+//      would wait at creation for lazy peers that never dial).
+//   3. rank 0 reads them all at once (Store::getMany: one wait, one
+//      multi-get), draws the group's random token, and sets "table": the
+//      token, then every rank's record.
+//   4. every other rank reads "table".
 //
 // That is 4n+1 requests per group, where each rank reading each address
-// took 2n² (rank 0's Store serves them all, one at a time). Nobody relays:
-// the last rank's address completes every rank's read.
+// took 2n² (rank 0's Store serves them all, one at a time). Rank 0 relays,
+// so the Store watches n keys for one rank and one key for the others: had
+// every rank waited on every address, it would watch n² (measured: group
+// creation at n=1024 in benchmarks/scale/harness.cc took 4.2 s, not 0.7).
 //
 // The addresses also tell which ranks share a machine: ranks that publish
 // the same host (or label) get the same host index (ranks on loopback are
@@ -47,7 +50,7 @@ struct Directory {
   Socket listener;              // non-blocking; invalid for a group of 1
 };
 
-// Steps 1 to 3. `hostLabel`: stands for the host in the host indices (a
+// Steps 1 to 4. `hostLabel`: stands for the host in the host indices (a
 // simulated host of a scale test); empty: the address's host. `connect`:
 // "lazy" or "eager"; throws where another rank's differs.
 Directory publish(Store& store, int rank, int size, const std::string& ifname, int family,
