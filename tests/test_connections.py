@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("torchcollx")
 
+from common import socket_inodes  # noqa: E402
 from launcher import Died, run_ranks  # noqa: E402
 
 TCP = {"COLLX_TRANSPORT": "tcp", "COLLX_TUNING": "table"}
@@ -26,13 +27,7 @@ TCP = {"COLLX_TRANSPORT": "tcp", "COLLX_TUNING": "table"}
 
 def _sockets():
     """This process's sockets: under file:// init, all collx's."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return n
+    return len(socket_inodes())
 
 
 def _settled(name, ws):
