@@ -30,21 +30,29 @@ def _sockets():
     return len(socket_inodes())
 
 
-def _settled(name, ws):
-    """This process's sockets once the phase's connections settled, before
-    any rank goes on to the next op (a barrier through the Store, a file,
-    which opens no connection). Settled: unchanged for 0.2 s, since a dial
-    refused as a duplicate holds a socket here until the acceptor answers."""
+def _barrier(name, ws):
+    """Every rank got here: a barrier through the Store, a file, which opens
+    no connection."""
     import torch.distributed as dist
+    store = dist.distributed_c10d._get_default_store()
+    store.add(name, 1)
+    while store.add(name, 0) < ws:
+        time.sleep(0.01)
+
+
+def _settled(name, ws):
+    """This process's sockets once every rank finished the phase and its
+    connections settled, before any rank goes on to the next op. Settled:
+    unchanged for 0.2 s, since a dial refused as a duplicate holds a socket
+    here until the acceptor answers, and a group meets its peers in the
+    background after its creation returned."""
+    _barrier(name + " done", ws)
     n, since = _sockets(), time.monotonic()
     while time.monotonic() - since < 0.2:
         time.sleep(0.02)
         if _sockets() != n:
             n, since = _sockets(), time.monotonic()
-    store = dist.distributed_c10d._get_default_store()
-    store.add(name, 1)
-    while store.add(name, 0) < ws:
-        time.sleep(0.01)
+    _barrier(name + " counted", ws)
     return n
 
 

@@ -222,13 +222,14 @@ Algorithm CollxBackend::autoAllreduce(size_t bytes) const { return refiner_->kep
 bool CollxBackend::refining(size_t bytes) const { return refiner_->trying(bytes, autoBeforeRefining(bytes)); }
 
 std::string CollxBackend::describeTuning() const {
+  awaitSetup();
   const std::string refined = refiner_->describe();
   return tuning_.describe(size_, config_.treeArity) + (refined.empty() ? "" : "; " + refined);
 }
 
 TransportCounters CollxBackend::traffic() const {
   TransportCounters t = peers_->counters();
-  if (device_) t += device_->counters();
+  if (const tcp::Device* d = published()) t += d->counters();
   return t;
 }
 

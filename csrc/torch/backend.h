@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,8 @@
 namespace collx::torch_glue {
 
 class CollxWork;
+class StoreAdapter;
+class TuningTurns;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 struct Config {
@@ -65,9 +68,13 @@ struct Stats {
 
 class CollxBackend : public c10d::Backend {
  public:
-  // `connected` false: no members until reconfigure() (enable_reconfigure).
+  // How a new group connects: before the constructor returns (kNow); in the
+  // background, the constructor returning once this rank is announced in the
+  // Store (kLater: torch's group creation, see lifecycle.cc); or not until
+  // reconfigure() (kNone: enable_reconfigure).
+  enum class Connect { kNow, kLater, kNone };
   CollxBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-               std::chrono::milliseconds timeout, Config config, bool connected = true);
+               std::chrono::milliseconds timeout, Config config, Connect connect = Connect::kNow);
   ~CollxBackend() override;
 
   const std::string getBackendName() const override { return "collx"; }
@@ -180,7 +187,10 @@ class CollxBackend : public c10d::Backend {
   Algorithm autoAllreduce(size_t bytes) const;
   // Whether online refinement is still trying algorithms for `bytes`.
   bool refining(size_t bytes) const;
-  const Tuning& tuning() const { return tuning_; }
+  const Tuning& tuning() const {
+    awaitSetup();
+    return tuning_;
+  }
   // The model's constants and crossovers, then what online refinement kept.
   std::string describeTuning() const;
 
@@ -256,8 +266,24 @@ class CollxBackend : public c10d::Backend {
   void closeMesh(const std::string& inFlight, const std::string& queued, const std::string& pending, bool tellPeers);
   // Builds the mesh of `size` ranks in `store` (this one is `rank`), then tunes.
   void connect(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size);
-  // The transport; a clear error before the first reconfigure().
+  // The same, returning once this rank is announced: the rest runs as the
+  // executor's first task, on its own client of the Store where it has one.
+  void connectLater(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size);
+  // This rank's record in the Store (rendezvous.h's steps 1 and 2).
+  tcp::Directory announce(StoreAdapter& adapter, int rank, int size) const;
+  // The rest: the table, the Device, the tuning (in `ticket`'s turn among
+  // this rank's groups), the log line.
+  void build(StoreAdapter& adapter, tcp::Directory announced, Clock::time_point start, uint64_t requestsBefore,
+             TuningTurns& turns, uint64_t ticket);
+  // The turns of this rank's groups (lifecycle.cc), by its global rank.
+  TuningTurns& tuningTurns() const;
+  // The transport, once connected (awaitSetup()); a clear error before the
+  // first reconfigure().
   tcp::Device& device() const;
+  // Outside the executor, waits for a background setup; throws why it failed.
+  void awaitSetup() const;
+  // device_ as another thread may read it while a setup runs (null before).
+  tcp::Device* published() const;
 
   // Fits auto's cost model to this group (or takes the table, a file, the
   // cache): the group's first exchange, before any op.
@@ -293,7 +319,18 @@ class CollxBackend : public c10d::Backend {
   mutable std::string groupToken_;  // under hooksMutex_, made on first use
   int64_t uuid_ = -1;
   std::set<int64_t> usedUuids_;
-  std::unique_ptr<tcp::Device> device_;  // null until reconfigure() under enable_reconfigure
+  std::unique_ptr<tcp::Device> device_;  // null until connected (set under setupMutex_)
+  // A background setup (Connect::kLater): settingUp_ until it ends, then
+  // setupFailed_ and setupError_ say whether and why it failed;
+  // setupInterrupted_ stops its Store waits and setupWakeFd_ its connects
+  // (closeMesh).
+  mutable std::mutex setupMutex_;
+  mutable std::condition_variable setupEnded_;
+  std::atomic<bool> settingUp_{false};
+  std::atomic<bool> setupFailed_{false};
+  std::string setupError_;
+  std::atomic<bool> setupInterrupted_{false};
+  int setupWakeFd_ = -1;  // an eventfd closeMesh signals, then closes: the setup's connects stop
   std::atomic<bool> shutDown_{false};
   std::atomic<uint64_t> seq_{0};
   Workspace workspace_;  // the algorithms' scratch; one op runs at a time

@@ -43,7 +43,8 @@ void CollxBackend::noteFailure(Failure kind) {
 
 c10d::ErrorType CollxBackend::getError() {
   // The collectives' failure breaks the group; a p2p op's is its own.
-  Failure f = device_ ? device_->failure() : Failure::kNone;
+  const tcp::Device* d = published();
+  Failure f = d ? d->failure() : Failure::kNone;
   if (f == Failure::kNone) f = p2pFailure_.load();
   switch (f) {
     case Failure::kTimeout:

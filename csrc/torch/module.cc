@@ -61,6 +61,11 @@ collx::TuningPolicy tuningPolicy() {
   } else {
     p.mode = collx::TuningPolicy::Mode::kFile;
     p.file = value;
+    try {
+      collx::checkTuningFile(p);  // here, since the group tunes after its creation returned
+    } catch (const collx::Error& e) {
+      throw py::value_error(e.what());
+    }
   }
   return p;
 }
@@ -125,7 +130,8 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   }
   auto timeout = std::chrono::milliseconds(int64_t(timeoutSeconds * 1000));
   py::gil_scoped_release release;  // the rendezvous blocks on the Store and the peers
-  return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config), connected);
+  return c10::make_intrusive<CollxBackend>(store, rank, size, timeout, std::move(config),
+                                          connected ? CollxBackend::Connect::kLater : CollxBackend::Connect::kNone);
 }
 
 py::dict statsOf(const CollxBackend& b) {

@@ -104,7 +104,13 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reconfigure(const c10d::Reconfigure
                                        ") before this op finished");
     closeMesh(why, why, why, /*tellPeers=*/false);
     executor_ = std::make_shared<Executor>();
-    device_.reset();
+    {
+      std::lock_guard<std::mutex> setup(setupMutex_);
+      device_.reset();
+      setupError_.clear();
+      setupFailed_ = false;
+    }
+    setupInterrupted_ = false;
     refiner_ = std::make_unique<Refiner>();
     peers_ = std::make_unique<PeerAllreduce>(config_.peerBufferBytes, config_.logLevel);
     seq_ = 0;

@@ -6,27 +6,37 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "core/error.h"
 #include "core/store.h"
 
 namespace collx::torch_glue {
 
 class StoreAdapter : public Store {
  public:
-  explicit StoreAdapter(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  // `interrupted`: when given, a wait polls (check(), a request each, at
+  // most kPoll apart) and throws Error once it is set: a group shut down
+  // while it connects in the background stops at once. A c10d wait cannot
+  // be interrupted, and one cut into slices logs a warning at each slice.
+  explicit StoreAdapter(c10::intrusive_ptr<c10d::Store> store, const std::atomic<bool>* interrupted = nullptr)
+      : store_(std::move(store)), interrupted_(interrupted) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     ++requests_;
     store_->set(key, value);
   }
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    requests_ += 2;  // a wait, then the get
-    store_->wait({key}, timeout);
+    wait({key}, timeout);
+    ++requests_;
     return store_->get(key);
   }
   std::vector<std::vector<uint8_t>> getMany(const std::vector<std::string>& keys,
                                             std::chrono::milliseconds timeout) override {
-    requests_ += 2;  // one wait for all, one multiGet (a loop of gets where the Store has none)
-    store_->wait(keys, timeout);
+    wait(keys, timeout);
+    ++requests_;  // one multiGet (a loop of gets where the Store has none)
     return store_->multiGet(keys);
   }
   int64_t add(const std::string& key, int64_t delta) override {
@@ -36,7 +46,31 @@ class StoreAdapter : public Store {
   uint64_t requests() const { return requests_; }
 
  private:
+  static constexpr std::chrono::milliseconds kPoll{50};
+
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    ++requests_;
+    if (!interrupted_) {
+      store_->wait(keys, timeout);
+      return;
+    }
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    for (std::chrono::milliseconds pause(1);; pause = std::min(2 * pause, kPoll)) {
+      if (interrupted_->load()) throw Error("the group was shut down or aborted while it connected");
+      if (store_->check(keys)) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= end) {
+        throw TimeoutError(str("timed out after ", timeout.count(), " ms waiting in the Store for ", keys.front(),
+                               keys.size() > 1 ? str(" and ", keys.size() - 1, " more keys") : std::string(),
+                               " (a rank of the group never created it?)"));
+      }
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, end - now));
+      ++requests_;
+    }
+  }
+
   c10::intrusive_ptr<c10d::Store> store_;
+  const std::atomic<bool>* interrupted_;
   uint64_t requests_ = 0;
 };
 

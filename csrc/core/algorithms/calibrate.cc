@@ -182,6 +182,13 @@ std::string saveRefined(const TuningOutcome& out, const std::function<std::strin
   return writeFileAtomically(dir, out.refinedPath, refinedHeader(out.cacheHash) + body);
 }
 
+void checkTuningFile(const TuningPolicy& policy) {
+  if (policy.mode != TuningPolicy::Mode::kFile) return;
+  std::string text;
+  if (!readFile(policy.file, &text)) throw Error(str("collx: cannot read the tuning file ", policy.file));
+  Tuning::parse(text, str("file ", policy.file));
+}
+
 TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
   TuningOutcome out;
   if (policy.mode == TuningPolicy::Mode::kTable || c.size() <= 1) return out;

@@ -50,6 +50,10 @@ struct TuningOutcome {
   std::string refined;        // the saved choices every rank read (Refiner::seed's text), or ""
 };
 
+// Reads and parses a kFile policy's file (throws Error as tuneGroup would):
+// for a group that tunes after its creation returned.
+void checkTuningFile(const TuningPolicy& policy);
+
 // Steps 1 to 4 above. Every rank must call it, with the same policy mode, as
 // the group's first collective. Throws Error on a failed peer, a timeout, or
 // a tuning file that is unreadable or differs between ranks.

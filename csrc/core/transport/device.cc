@@ -37,13 +37,18 @@ constexpr auto kUserAbortGrace = std::chrono::milliseconds(20);
 }  // namespace
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
-    : rank_(rank), size_(size), lazy_(options.lazy), pairs_(size) {
+    : Device(store,
+             announce(store, rank, size, options.ifname, options.family, options.hostLabel,
+                      options.lazy ? "lazy" : "eager"),
+             options) {}
+
+Device::Device(Store& store, Directory announced, const DeviceOptions& options)
+    : rank_(announced.rank), size_(announced.size), lazy_(options.lazy), pairs_(announced.size) {
   const Deadline deadline = Clock::now() + options.timeout;
-  connector_ = std::make_shared<Connector>(
-      rank,
-      publish(store, rank, size, options.ifname, options.family, options.timeout, options.hostLabel,
-              options.lazy ? "lazy" : "eager"),
-      options.localCongestion);
+  const int rank = rank_;
+  const int size = size_;
+  readTable(store, announced, options.timeout);
+  connector_ = std::make_shared<Connector>(rank, std::move(announced), options.localCongestion);
   const Directory& dir = connector_->directory();
   hosts_ = dir.hosts;
   address_ = dir.address;
@@ -55,7 +60,7 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
     const bool local = hosts_[size_t(peer)] == hosts_[size_t(rank)];
     if (peer == rank || (lazy_ && !(local && options.transport != shm::Mode::kTcp))) continue;
     for (uint32_t ch = 0; ch < kChannels; ++ch) {
-      sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, -1, peer < rank);
+      sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd, peer < rank);
     }
   }
   // Nobody connects any more where every peer is connected (eager, or all on this host).

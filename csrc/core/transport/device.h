@@ -36,6 +36,7 @@ struct DeviceOptions {
   // their rings and windows are set up together.
   bool lazy = true;
   std::string hostLabel;  // stands for this rank's host in the host indices (rendezvous.h); "": its address
+  int wakeFd = -1;  // readable: the connects at creation stop (a group shut down while it connects)
 };
 
 class Device : public Transport {
@@ -43,6 +44,9 @@ class Device : public Transport {
   // Publishes this rank and connects to the peers it must connect to now;
   // throws Error/TimeoutError on failure.
   Device(Store& store, int rank, int size, const DeviceOptions& options);
+  // The same for a rank that announce()d itself already (rendezvous.h):
+  // reads the group's table, then connects.
+  Device(Store& store, Directory announced, const DeviceOptions& options);
   ~Device() override;
 
   int rank() const override { return rank_; }

@@ -22,11 +22,12 @@ uint64_t randomToken() {
 
 }  // namespace
 
-Directory publish(Store& store, int rank, int size, const std::string& ifname, int family,
-                  std::chrono::milliseconds timeout, const std::string& hostLabel, const std::string& connect) {
+Directory announce(Store& store, int rank, int size, const std::string& ifname, int family,
+                   const std::string& hostLabel, const std::string& connect) {
   Directory dir;
   dir.rank = rank;
   dir.size = size;
+  dir.connect = connect;
   if (size == 1) {
     dir.hosts = {0};
     return dir;
@@ -40,12 +41,17 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
   dir.address = self.str();
   const std::string record = (hostLabel.empty() ? dir.address : dir.address + "@" + hostLabel) + " " + connect;
   store.set(dir.prefix + "addr/" + std::to_string(rank), bytesOf(record));
+  return dir;
+}
 
+void readTable(Store& store, Directory& dir, std::chrono::milliseconds timeout) {
+  if (dir.size == 1) return;
+  const int rank = dir.rank;
   // The table: the token, then one record per rank, a line each.
   std::string table;
   if (rank == 0) {
     std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) keys.push_back(dir.prefix + "addr/" + std::to_string(r));
+    for (int r = 0; r < dir.size; ++r) keys.push_back(dir.prefix + "addr/" + std::to_string(r));
     table = std::to_string(randomToken()) + "\n";
     for (const auto& v : store.getMany(keys, timeout)) table += stringOf(v) + "\n";
     store.set(dir.prefix + "table", bytesOf(table));
@@ -60,8 +66,8 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
   while (std::getline(lines, line)) {
     const size_t space = line.find(' ');
     const std::string theirs = line.substr(space + 1);
-    COLLX_CHECK(theirs == connect, "collx rank ", rank, ": the ranks connect differently (COLLX_CONNECT): rank ",
-                dir.addrs.size(), " is ", theirs, ", this rank ", connect, "; set it alike on every rank");
+    COLLX_CHECK(theirs == dir.connect, "collx rank ", rank, ": the ranks connect differently (COLLX_CONNECT): rank ",
+                dir.addrs.size(), " is ", theirs, ", this rank ", dir.connect, "; set it alike on every rank");
     line.resize(space);
     const size_t at = line.find('@');
     const Address a = Address::parse(line.substr(0, at));
@@ -71,6 +77,12 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
     if (it == hostNames.end()) hostNames.push_back(host);
     dir.addrs.push_back(a);
   }
+}
+
+Directory publish(Store& store, int rank, int size, const std::string& ifname, int family,
+                  std::chrono::milliseconds timeout, const std::string& hostLabel, const std::string& connect) {
+  Directory dir = announce(store, rank, size, ifname, family, hostLabel, connect);
+  readTable(store, dir, timeout);
   return dir;
 }
 

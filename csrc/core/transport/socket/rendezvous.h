@@ -48,11 +48,19 @@ struct Directory {
   std::vector<Address> addrs;   // per rank
   std::vector<int> hosts;       // host index per rank: equal published host, equal index
   Socket listener;              // non-blocking; invalid for a group of 1
+  std::string connect;          // how this rank connects: "lazy" or "eager"
 };
 
-// Steps 1 to 4. `hostLabel`: stands for the host in the host indices (a
-// simulated host of a scale test); empty: the address's host. `connect`:
-// "lazy" or "eager"; throws where another rank's differs.
+// Steps 1 and 2: waits for nobody, so a group's creation can return here
+// and leave steps 3 and 4 to its first op. `hostLabel`: stands for the host
+// in the host indices (a simulated host of a scale test); empty: the
+// address's host. `connect`: "lazy" or "eager".
+Directory announce(Store& store, int rank, int size, const std::string& ifname, int family,
+                   const std::string& hostLabel, const std::string& connect);
+// Steps 3 and 4, on what announce() returned: fills in the token, the
+// addresses and the hosts. Throws where another rank connects differently.
+void readTable(Store& store, Directory& dir, std::chrono::milliseconds timeout);
+// Steps 1 to 4.
 Directory publish(Store& store, int rank, int size, const std::string& ifname, int family,
                   std::chrono::milliseconds timeout, const std::string& hostLabel, const std::string& connect);
 

@@ -1,0 +1,109 @@
+"""Group creation waits for nobody (docs/design.md, "Creating a group").
+
+init_process_group and new_group return once this rank has announced
+itself in the Store; the group meets its peers on its first op, as gloo's
+lazy init and NCCL's communicators do. So a rank that arrives late holds up
+the others' first op, not their creation; a member that never comes fails
+the first op with a clear error at the group's timeout; and a group
+destroyed or aborted before its peers came goes at once, leaving no thread
+or descriptor behind.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import pytest
+
+pytest.importorskip("torchcollx")
+
+from launcher import run_ranks  # noqa: E402
+
+
+def _late_rank(rank, ws, late):
+    import torch
+    import torch.distributed as dist
+    if rank == late:
+        time.sleep(1.5)
+    arrived = time.time()
+    dist.init_process_group("collx", init_method=os.environ["COLLX_TEST_INIT_METHOD"], rank=rank, world_size=ws)
+    created = time.time()
+    t = torch.full((1000,), float(rank))
+    dist.all_reduce(t)
+    ok = torch.equal(t, torch.full_like(t, ws * (ws - 1) / 2))
+    dist.destroy_process_group()
+    return arrived, created, ok
+
+
+def test_creation_returns_before_the_last_rank_arrives():
+    # file:// (torchrun's agent Store behaves alike): under tcp:// or a plain
+    # env://, torch's TCPStore waits for every rank before any backend exists.
+    ws, late = 3, 2
+    results = run_ranks(_late_rank, ws, timeout=120, init=False, args=(late,))
+    late_arrival = results[late][0]
+    for rank, (arrived, created, ok) in enumerate(results):
+        assert ok, f"rank {rank}: wrong all-reduce result"
+        if rank != late:
+            assert created < late_arrival, (
+                f"rank {rank}'s init returned {created - late_arrival:.3f} s after rank {late} arrived")
+
+
+def _member_never_comes(rank, ws):
+    import torch
+    import torch.distributed as dist
+    if rank == ws - 1:
+        return None  # never creates the group
+    g = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=2))
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4), group=g)
+    except dist.DistBackendError as e:
+        return time.monotonic() - start, str(e)
+    return None
+
+
+def test_a_member_that_never_comes_fails_the_first_op_at_the_timeout():
+    results = run_ranks(_member_never_comes, 3, timeout=120)
+    for rank, result in enumerate(results[:-1]):
+        assert result is not None, f"rank {rank}: the first op succeeded without rank 2"
+        took, message = result
+        assert f"collx init failed on rank {rank} of 3" in message, message
+        assert "never created it" in message, message
+        assert 1.9 < took < 30, f"rank {rank}: failed after {took:.1f} s (timeout 2 s)"
+
+
+def _threads_and_fds():
+    return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def _ends_before_peers_come(rank, ws, how):
+    import torch
+    import torch.distributed as dist
+    dist.all_reduce(torch.ones(1))  # the default group is set up
+    if rank == ws - 1:  # never creates the group; joins the default group's op below
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        return None
+    before = _threads_and_fds()
+    g = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=60))
+    time.sleep(0.3)  # the setup is waiting in the Store for rank 2
+    start = time.monotonic()
+    if how == "abort":
+        dist.distributed_c10d._abort_process_group(g)
+    else:
+        dist.destroy_process_group(g)
+    took = time.monotonic() - start
+    # The default group still works.
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    return took, before, _threads_and_fds(), t.tolist()
+
+
+@pytest.mark.parametrize("how", ["destroy", "abort"])
+def test_a_group_ended_before_its_peers_came_goes_at_once(how):
+    results = run_ranks(_ends_before_peers_come, 3, timeout=120, args=(how,))
+    for rank, (took, before, after, t) in enumerate(results[:-1]):
+        assert took < 5, f"rank {rank}: {how} took {took:.1f} s (the group's timeout is 60 s)"
+        assert after == before, f"rank {rank}: threads and descriptors {before} before the group, {after} after"
+        assert t == [3.0] * 4, t
