@@ -89,8 +89,9 @@ def _unattachable(rank, ws, stderr_path):
         x = torch.full((1 << 20,), float(rank + 1))
         dist.all_reduce(x, group=groups[1])
         out["sum"] = x[0].item()
-        try:
-            dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="shm"))
+        try:  # the group meets its peers on its first op, which fails
+            forced = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="shm"))
+            dist.all_reduce(torch.ones(4), group=forced)
             out["forced"] = "no error"
         except Exception as e:
             out["forced"] = (type(e).__name__, str(e))
@@ -122,6 +123,7 @@ def _process_resources():
 
 
 def _cycles(rank, ws, cycles):
+    dist.barrier()  # the default group is set up (after init returned, in the background)
     dist.destroy_process_group(dist.new_group(backend="collx"))  # warm: lazy allocations of torch
     before = _process_resources()
     during = None
