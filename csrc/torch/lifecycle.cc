@@ -119,8 +119,8 @@ void CollxBackend::connect(const c10::intrusive_ptr<c10d::Store>& store, int ran
 
 // Creation waits for nobody: like gloo's lazy init and NCCL's communicators,
 // a group announces itself and meets its peers on its first op, so that a
-// job's new_group calls cost a Store request each, and no rank waits at
-// creation for the last to arrive. The meeting runs meanwhile on the
+// new_group costs two Store requests, and no rank waits at creation for the
+// last to arrive. The meeting runs meanwhile on the
 // executor, which every op queues behind; callers that need the transport
 // outside the executor wait for it in device(). Its own client of the Store
 // keeps its waits from holding up the caller's Store requests (a c10d
