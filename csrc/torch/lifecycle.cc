@@ -163,9 +163,7 @@ void CollxBackend::connectLater(const c10::intrusive_ptr<c10d::Store>& store, in
     } catch (const std::exception& e) {
       error = collx::str("collx init failed on rank ", rank, " of ", size, ": ", e.what());
     }
-    if (!error.empty()) {
-      if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, error);
-    }
+    if (!error.empty() && logs(LogLevel::kWarn)) log(LogLevel::kWarn, error);
     ended(error);
   };
   task.cancel = [turns, ticket, ended](const std::string& why) {
@@ -193,11 +191,9 @@ void CollxBackend::build(StoreAdapter& adapter, tcp::Directory announced, Clock:
     device_ = std::move(device);
   }
   // closeMesh interrupts device_ once published; one that came before sees this.
-  if (setupInterrupted_) throw Error("the group was shut down or aborted while it connected");
+  if (setupInterrupted_) throw setupInterrupted();
   if (device_->shmUnavailable()) warnShmOnce(rank, size, device_->transportNote());
-  if (!turns.await(ticket, setupInterrupted_)) {
-    throw Error("the group was shut down or aborted while it connected");
-  }
+  if (!turns.await(ticket, setupInterrupted_)) throw setupInterrupted();
   tune();
   if (logs(LogLevel::kInfo)) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();

@@ -62,7 +62,7 @@ collx::TuningPolicy tuningPolicy() {
     p.mode = collx::TuningPolicy::Mode::kFile;
     p.file = value;
     try {
-      collx::checkTuningFile(p);  // here, since the group tunes after its creation returned
+      collx::loadTuningFile(p);  // here, since the group tunes after its creation returned
     } catch (const collx::Error& e) {
       throw py::value_error(e.what());
     }

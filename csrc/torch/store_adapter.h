@@ -15,6 +15,9 @@
 
 namespace collx::torch_glue {
 
+// What a background setup stopped by closeMesh fails with.
+inline Error setupInterrupted() { return Error("the group was shut down or aborted while it connected"); }
+
 class StoreAdapter : public Store {
  public:
   // `interrupted`: when given, a wait polls (check(), a request each, at
@@ -56,7 +59,7 @@ class StoreAdapter : public Store {
     }
     const auto end = std::chrono::steady_clock::now() + timeout;
     for (std::chrono::milliseconds pause(1);; pause = std::min(2 * pause, kPoll)) {
-      if (interrupted_->load()) throw Error("the group was shut down or aborted while it connected");
+      if (interrupted_->load()) throw setupInterrupted();
       if (store_->check(keys)) return;
       const auto now = std::chrono::steady_clock::now();
       if (now >= end) {

@@ -182,11 +182,11 @@ std::string saveRefined(const TuningOutcome& out, const std::function<std::strin
   return writeFileAtomically(dir, out.refinedPath, refinedHeader(out.cacheHash) + body);
 }
 
-void checkTuningFile(const TuningPolicy& policy) {
-  if (policy.mode != TuningPolicy::Mode::kFile) return;
-  std::string text;
-  if (!readFile(policy.file, &text)) throw Error(str("collx: cannot read the tuning file ", policy.file));
-  Tuning::parse(text, str("file ", policy.file));
+Tuning loadTuningFile(const TuningPolicy& policy, std::string* text) {
+  std::string own;
+  if (!text) text = &own;
+  if (!readFile(policy.file, text)) throw Error(str("collx: cannot read the tuning file ", policy.file));
+  return Tuning::parse(*text, str("file ", policy.file));
 }
 
 TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
@@ -202,8 +202,7 @@ TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
   Calibration cal(c);
   std::string text;
   if (policy.mode == TuningPolicy::Mode::kFile) {
-    if (!readFile(policy.file, &text)) throw Error(str("collx: cannot read the tuning file ", policy.file));
-    out.tuning = Tuning::parse(text, str("file ", policy.file));
+    out.tuning = loadTuningFile(policy, &text);
     if (!cal.allAgree(std::array<uint64_t, 1>{fnv1a(text)})[0]) {
       throw Error(str("collx: the tuning file ", policy.file, " differs between ranks (COLLX_TUNING)"));
     }

@@ -50,9 +50,10 @@ struct TuningOutcome {
   std::string refined;        // the saved choices every rank read (Refiner::seed's text), or ""
 };
 
-// Reads and parses a kFile policy's file (throws Error as tuneGroup would):
-// for a group that tunes after its creation returned.
-void checkTuningFile(const TuningPolicy& policy);
+// Reads and parses a kFile policy's file into `text` (if given); throws
+// Error where it cannot. tuneGroup's reading, and a check at a creation
+// that returns before the group tunes.
+Tuning loadTuningFile(const TuningPolicy& policy, std::string* text = nullptr);
 
 // Steps 1 to 4 above. Every rank must call it, with the same policy mode, as
 // the group's first collective. Throws Error on a failed peer, a timeout, or
