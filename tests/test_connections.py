@@ -7,7 +7,8 @@ from the start. The user code that makes two ranks dial each other at the
 same moment (a ring shift of isend/irecv), and a receive from any source
 posted before anyone connected, work; a rank SIGKILLed during a ring
 all-reduce fails every other rank promptly, though each holds sockets to
-its neighbours only.
+its neighbours only; and a straggler whose neighbours failed and left before
+it came still learns the cause.
 """
 from __future__ import annotations
 
@@ -134,3 +135,45 @@ def test_a_killed_rank_fails_every_ring_rank_promptly():
         # the victim sleeps 0.5 s first; each of the others learns within a few seconds
         assert seconds < 5.0, f"rank {rank} failed after {seconds:.1f} s: {why}"
         assert "peer" in why, why
+
+
+def _late_rank(rank, ws, victim, late):
+    import torch
+    import torch.distributed as dist
+    store = dist.distributed_c10d._get_default_store()
+    _barrier("created", ws)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == late:  # a straggler: its ring neighbours failed and left before it came
+        while store.add("left", 0) < ws - 2:
+            time.sleep(0.01)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1 << 10))
+        why = None
+    except Exception as e:  # noqa: BLE001
+        why = str(e)
+    took = time.monotonic() - start
+    if rank != late:
+        dist.destroy_process_group()
+        store.add("left", 1)
+    return took, why
+
+
+def test_a_late_rank_learns_why_its_peers_left():
+    """A rank of a lazy group meets its peers on its first op: when they
+    failed and closed the group before it came, it holds no connection that
+    could carry their abort frames, and its dials are refused. Their reason,
+    left in the Store, still names the dead rank."""
+    ws, victim, late = 4, 1, 3
+    results = run_ranks(_late_rank, ws, timeout=120, args=(victim, late), may_die={victim},
+                        env=dict(TCP, COLLX_ALGORITHM="ring"))
+    assert isinstance(results[victim], Died)
+    for rank, r in enumerate(results):
+        if rank == victim:
+            continue
+        took, why = r
+        assert why is not None, f"rank {rank} finished an all-reduce with a killed rank"
+        assert f"rank {rank}" in why and f"peer {victim}" in why, f"rank {rank}: {why}"
+        assert took < 5.0, f"rank {rank} failed after {took:.1f} s: {why}"
+    assert "had failed" in results[late][1], results[late][1]

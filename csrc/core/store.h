@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ class Store {
     for (const auto& k : keys) values.push_back(get(k, timeout));
     return values;
   }
+  // The key's value if it exists now, without waiting for it.
+  virtual std::optional<std::vector<uint8_t>> tryGet(const std::string& key) = 0;
   // Atomically adds to a counter and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };

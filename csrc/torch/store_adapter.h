@@ -42,6 +42,11 @@ class StoreAdapter : public Store {
     ++requests_;  // one multiGet (a loop of gets where the Store has none)
     return store_->multiGet(keys);
   }
+  std::optional<std::vector<uint8_t>> tryGet(const std::string& key) override {
+    requests_ += 2;
+    if (!store_->check({key})) return std::nullopt;
+    return store_->get(key);
+  }
   int64_t add(const std::string& key, int64_t delta) override {
     ++requests_;
     return store_->add(key, delta);
@@ -74,7 +79,7 @@ class StoreAdapter : public Store {
 
   c10::intrusive_ptr<c10d::Store> store_;
   const std::atomic<bool>* interrupted_;
-  uint64_t requests_ = 0;
+  std::atomic<uint64_t> requests_{0};
 };
 
 }  // namespace collx::torch_glue

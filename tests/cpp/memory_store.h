@@ -24,6 +24,12 @@ class MemoryStore : public Store {
     }
     return data_[key];
   }
+  std::optional<std::vector<uint8_t>> tryGet(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) return std::nullopt;
+    return it->second;
+  }
   int64_t add(const std::string& key, int64_t delta) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto& v = data_[key];

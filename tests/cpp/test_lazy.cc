@@ -1,10 +1,10 @@
 // Lazy connections (socket/connector.h) over loopback TCP: a group connects
 // only the pairs its ops use; ranks that dial each other at the same moment
 // keep one connection; a receive from any source posted before anyone
-// connected gets its messages; a peer that left fails a dial at once; and a
-// rank's death reaches every rank waiting in a ring all-reduce, though each
-// holds sockets to its two neighbours only; ranks whose COLLX_CONNECT
-// differs fail at creation.
+// connected gets its messages; a peer that left fails a dial at once, and
+// one whose group broke first names its reason; a rank's death reaches
+// every rank waiting in a ring all-reduce, though each holds sockets to its
+// two neighbours only; ranks whose COLLX_CONNECT differs fail at creation.
 #include <dirent.h>
 
 #include <atomic>
@@ -154,6 +154,50 @@ void testPeerGone() {
   std::printf("lazy: a departed peer fails dials at once (%lld ms): %s\n", (long long)ms, collective.c_str());
 }
 
+// A rank whose group broke and closed before a peer ever dialed it leaves
+// its reason in the Store: the peer's refused dial names it, for p2p and
+// for collectives alike, where without the note it could only say that the
+// peer left.
+void testDepartedPeerLeavesItsReason() {
+  const int n = 3;
+  auto store = std::make_shared<test::MemoryStore>();
+  tcp::DeviceOptions options = lazyTcp();
+  options.notes = store;
+  std::vector<std::unique_ptr<tcp::Device>> devices(n);
+  test::runRanks(n, [&](int r) { devices[r] = std::make_unique<tcp::Device>(*store, r, n, options); });
+  const std::string reason = "collx rank 2: Connection closed by peer 7 (the first cause)";
+  devices[2]->abort(reason);
+  devices[2]->close();
+  std::promise<std::string> failed;
+  std::vector<float> data(10);
+  devices[0]->p2p().postSend(2, 1, {data.data(), 40, DataType::kFloat32}, Clock::now() + 30s,
+                             [&](int, std::exception_ptr e) {
+                               std::string why;
+                               try {
+                                 if (e) std::rethrow_exception(e);
+                               } catch (const std::exception& ex) {
+                                 why = ex.what();
+                               }
+                               failed.set_value(why);
+                             });
+  const std::string p2p = failed.get_future().get();
+  CHECK(p2p.find("Connection closed by peer 2") != std::string::npos, "p2p: '", p2p, "'");
+  CHECK(p2p.find("peer 2 had failed: " + reason) != std::string::npos, "p2p lacks the note: '", p2p, "'");
+  std::string collective;
+  test::runRanks(2, [&](int r) {
+    Workspace ws;
+    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + 30s, 1 << 12, 2, ws};
+    std::vector<int32_t> buf(100, 1);
+    try {
+      allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      if (r == 1) collective = e.what();
+    }
+  });
+  CHECK(collective.find("had failed: " + reason) != std::string::npos, "all-reduce lacks the note: '", collective,
+        "'");
+}
+
 // A ring all-reduce on n ranks, each connected to its two neighbours only;
 // one rank's connections close mid-op (a killed process's do): every other
 // rank fails within seconds, the news travelling along the ring.
@@ -210,6 +254,7 @@ void testModesMustAgree() {
 }  // namespace
 
 int main() {
+  testDepartedPeerLeavesItsReason();
   testModesMustAgree();
   testConnectsWhatItUses();
   testSimultaneousDials();

@@ -195,6 +195,7 @@ class HidingStore : public Store {
     }
     return value;
   }
+  std::optional<std::vector<uint8_t>> tryGet(const std::string& key) override { return inner_.tryGet(key); }
   int64_t add(const std::string& key, int64_t delta) override { return inner_.add(key, delta); }
 
  private:

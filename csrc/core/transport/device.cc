@@ -49,6 +49,7 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   const int size = size_;
   readTable(store, announced, options.timeout);
   connector_ = std::make_shared<Connector>(rank, std::move(announced), options.localCongestion);
+  connector_->setNotes(options.notes);
   const Directory& dir = connector_->directory();
   hosts_ = dir.hosts;
   address_ = dir.address;
@@ -253,6 +254,7 @@ void Device::breakGroup(const std::string& why, Failure kind, Deadline grace, ui
   error_ = why;
   errorIsTimeout_ = kind == Failure::kTimeout;
   failure_ = kind;
+  if (lazy_) connector_->leaveNote(error_);  // for peers that have not connected yet
   // Tell every peer why, so that ranks waiting on this one fail now with the
   // cause instead of at their timeout; then close, since the byte streams
   // are at unknown positions and nothing more can be matched. Finishing a

@@ -25,6 +25,8 @@ constexpr char kAccepted = 1;
 constexpr char kDuplicate = 0;
 // How often a waiting take() looks at its wake fd.
 constexpr auto kWakeCheck = std::chrono::milliseconds(1);
+// How long a refused dial waits for the Store to tell why the peer left.
+constexpr auto kNoteWait = std::chrono::seconds(1);
 
 bool readable(int fd) {
   if (fd < 0) return false;
@@ -169,8 +171,10 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
   } catch (const TimeoutError&) {
     throw TimeoutError(str("collx rank ", rank_, ": Timed out connecting to peer ", peer, " at ", addr.str()));
   } catch (const Error& e) {
+    const std::string note = readNote(peer, std::min<Clock::duration>(kNoteWait, deadline - Clock::now()));
     throw PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank_, " could not connect to ",
-                              addr.str(), ": the peer's process exited or it closed its group; ", e.what(), ")"));
+                              addr.str(), ": the peer's process exited or it closed its group; ", e.what(), ")",
+                              note.empty() ? "" : str("; peer ", peer, " had failed: ", note)));
   }
   configure(s, peer);  // before the hello: a setting the kernel refuses fails here, not at the peer
   const Hello mine{kHelloMagic, rank_, dir_.size, channel, dir_.generation, dir_.token};
@@ -199,6 +203,42 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
   if (reply != kAccepted) return false;
   *out = std::move(s);
   return true;
+}
+
+void Connector::leaveNote(const std::string& why) noexcept {
+  if (!notes_) return;
+  try {
+    notes_->set(str(dir_.prefix, "left/", rank_), std::vector<uint8_t>(why.begin(), why.end()));
+  } catch (const std::exception&) {  // the Store is gone too: peers see the refusal alone
+  }
+}
+
+std::string Connector::readNote(int peer, Clock::duration wait) const {
+  if (!notes_) return "";
+  // On a thread of its own: a Store whose server is stopped never answers,
+  // and a c10d request cannot be interrupted. Left behind, it ends with the
+  // Store's answer.
+  struct Answer {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::string note;
+  };
+  auto answer = std::make_shared<Answer>();
+  std::thread([answer, store = notes_, key = str(dir_.prefix, "left/", peer)] {
+    std::string note;
+    try {
+      if (auto value = store->tryGet(key)) note.assign(value->begin(), value->end());
+    } catch (const std::exception&) {
+    }
+    std::lock_guard<std::mutex> lock(answer->mu);
+    answer->note = std::move(note);
+    answer->done = true;
+    answer->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(answer->mu);
+  answer->cv.wait_for(lock, wait, [&] { return answer->done; });
+  return answer->note;
 }
 
 void Connector::onHello(Socket socket, int peer, Channel channel) {

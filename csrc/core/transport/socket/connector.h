@@ -20,6 +20,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -55,6 +56,14 @@ class Connector {
 
   const Directory& directory() const { return dir_; }
 
+  // Abort frames travel only on connections, and a lazy rank dials a peer
+  // when an op first needs it: a peer that failed and closed its group
+  // before then would refuse the dial and leave no cause. So a failing rank
+  // leaves its reason in `notes` (at "<prefix>left/<rank>": one Store set,
+  // which a c10d TCPStore does not answer), and a refused dial reads it.
+  void setNotes(std::shared_ptr<Store> notes) { notes_ = std::move(notes); }
+  void leaveNote(const std::string& why) noexcept;
+
  private:
   // kAccepting: accepted, on its way to the sink (neither dial nor accept again).
   enum class State : uint8_t { kIdle, kDialing, kAccepting, kDone };
@@ -65,6 +74,9 @@ class Connector {
   void onHello(Socket socket, int peer, Channel channel);
   // Dials once; true if the peer accepted, false if it refused it as a duplicate.
   bool dial(int peer, Channel channel, Deadline deadline, int wakeFd, Socket* out);
+  // The note `peer` left, or "" where it left none or the Store did not
+  // answer within `wait`.
+  std::string readNote(int peer, Clock::duration wait) const;
   // Local settings (congestion control, send buffer) for a new connection.
   void configure(Socket& s, int peer) const;
 
@@ -78,6 +90,7 @@ class Connector {
   Sink sinks_[kChannels];
   bool stopped_ = false;
   std::string failed_;  // why an accepted connection could not be set up
+  std::shared_ptr<Store> notes_;
   int stopFd_ = -1;  // an eventfd: wakes the acceptor to stop
   std::thread acceptor_;
 };
