@@ -4,7 +4,8 @@ init_process_group and new_group return once this rank has announced
 itself in the Store; the group meets its peers on its first op, as gloo's
 lazy init and NCCL's communicators do. So a rank that arrives late holds up
 the others' first op, not their creation; a member that never comes fails
-the first op with a clear error at the group's timeout; and a group
+the first op with a clear error at the group's timeout, and one killed
+right after creation fails it at once, naming the rank; and a group
 destroyed or aborted before its peers came goes at once, leaving no thread
 or descriptor behind.
 """
@@ -107,3 +108,33 @@ def test_a_group_ended_before_its_peers_came_goes_at_once(how):
         assert took < 5, f"rank {rank}: {how} took {took:.1f} s (the group's timeout is 60 s)"
         assert after == before, f"rank {rank}: threads and descriptors {before} before the group, {after} after"
         assert t == [3.0] * 4, t
+
+
+def _killed_after_creation(rank, ws, victim):
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)  # init returned; its group meets its peers in the background
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(1000))
+    except dist.DistBackendError as e:
+        return time.monotonic() - start, str(e)
+    return None
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_rank_killed_after_creation_fails_the_first_op_fast(victim, transport):
+    ws = 3
+    results = run_ranks(_killed_after_creation, ws, timeout=120, pg_timeout=60, args=(victim,), may_die={victim},
+                        env={"COLLX_TRANSPORT": transport})
+    for rank, result in enumerate(results):
+        if rank == victim:
+            continue
+        assert result is not None, f"rank {rank}: the first op succeeded without rank {victim}"
+        took, message = result
+        assert f"peer {victim}" in message, f"rank {rank}: {message}"
+        assert took < 5.0, f"rank {rank}: failed after {took:.1f} s (group timeout 60 s): {message}"

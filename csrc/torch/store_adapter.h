@@ -20,10 +20,11 @@ inline Error setupInterrupted() { return Error("the group was shut down or abort
 
 class StoreAdapter : public Store {
  public:
-  // `interrupted`: when given, a wait polls (check(), a request each, at
-  // most kPoll apart) and throws Error once it is set: a group shut down
-  // while it connects in the background stops at once. A c10d wait cannot
-  // be interrupted, and one cut into slices logs a warning at each slice.
+  // A wait polls (check(), a request each, at most kPoll apart): a c10d
+  // wait cannot be interrupted, and one cut into slices (the wait for the
+  // table is, rendezvous.cc) logs a warning at each slice. With
+  // `interrupted`, it throws Error once that is set: a group shut down while
+  // it connects in the background stops at once.
   explicit StoreAdapter(c10::intrusive_ptr<c10d::Store> store, const std::atomic<bool>* interrupted = nullptr)
       : store_(std::move(store)), interrupted_(interrupted) {}
 
@@ -58,13 +59,9 @@ class StoreAdapter : public Store {
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
     ++requests_;
-    if (!interrupted_) {
-      store_->wait(keys, timeout);
-      return;
-    }
     const auto end = std::chrono::steady_clock::now() + timeout;
     for (std::chrono::milliseconds pause(1);; pause = std::min(2 * pause, kPoll)) {
-      if (interrupted_->load()) throw setupInterrupted();
+      if (interrupted_ && interrupted_->load()) throw setupInterrupted();
       if (store_->check(keys)) return;
       const auto now = std::chrono::steady_clock::now();
       if (now >= end) {

@@ -7,7 +7,9 @@
 // group's listeners close after setup (connection refused); a lazy group's
 // listen while it lives, where strangers are dropped too, and close with
 // it. Connections between ranks on one host run reno, whatever the
-// system's congestion control.
+// system's congestion control. A rank 0 that dies after it announced itself
+// (it relays the table) fails the others' wait for the table within
+// seconds, not at their timeout.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -235,7 +237,26 @@ void testLocalCongestionControl() {
 
 }  // namespace
 
+void testRelayDies() {
+  test::MemoryStore store;
+  Directory zero = announce(store, 0, 2, "lo", AF_INET, "", "lazy");
+  Directory one = announce(store, 1, 2, "lo", AF_INET, "", "lazy");
+  zero.listener.reset();  // rank 0's process exits before it publishes the table
+  const auto start = Clock::now();
+  std::string error;
+  try {
+    readTable(store, one, std::chrono::seconds(60));
+  } catch (const PeerClosedError& e) {
+    error = e.what();
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  CHECK(error.find("Connection closed by peer 0") != std::string::npos && error.find("relays") != std::string::npos,
+        "got: '", error, "'");
+  CHECK(ms < 5000, "rank 1 learned of rank 0's death after ", ms, " ms");
+}
+
 int main() {
+  testRelayDies();
   testLocalCongestionControl();
   testStrangers(false);
   testStrangers(true);

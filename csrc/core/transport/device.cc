@@ -54,14 +54,14 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   hosts_ = dir.hosts;
   address_ = dir.address;
   // Connected now: every peer (eager), or the local ones that shared memory
-  // may link. Lower ranks dial, higher ones wait for them.
+  // may link. Both ranks of a pair dial (Connector::take keeps one).
   std::vector<Socket> sockets[kChannels];
   for (auto& channel : sockets) channel.resize(size_t(size));
   for (int peer = 0; peer < size; ++peer) {
     const bool local = hosts_[size_t(peer)] == hosts_[size_t(rank)];
     if (peer == rank || (lazy_ && !(local && options.transport != shm::Mode::kTcp))) continue;
     for (uint32_t ch = 0; ch < kChannels; ++ch) {
-      sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd, peer < rank);
+      sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd);
     }
   }
   // Nobody connects any more where every peer is connected (eager, or all on this host).

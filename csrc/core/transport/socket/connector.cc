@@ -122,7 +122,7 @@ void Connector::configure(Socket& s, int peer) const {
               strerror(errno));
 }
 
-Socket Connector::take(int peer, Channel channel, Deadline deadline, int wakeFd, bool dial) {
+Socket Connector::take(int peer, Channel channel, Deadline deadline, int wakeFd) {
   COLLX_CHECK(peer >= 0 && peer < dir_.size && peer != rank_, "collx rank ", rank_, ": invalid peer ", peer);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -132,7 +132,7 @@ Socket Connector::take(int peer, Channel channel, Deadline deadline, int wakeFd,
     Socket& ready = ready_[channel][size_t(peer)];
     if (ready.valid()) return std::move(ready);
     if (state == State::kDone) return Socket();  // the sink took it
-    if (state == State::kIdle && dial) {
+    if (state == State::kIdle) {
       state = State::kDialing;
       lock.unlock();
       Socket s;
@@ -140,8 +140,12 @@ Socket Connector::take(int peer, Channel channel, Deadline deadline, int wakeFd,
       try {
         accepted = this->dial(peer, channel, deadline, wakeFd, &s);
       } catch (...) {
+        // The peer's own dial may have been accepted meanwhile: the pair
+        // has its connection, and this dial failed only because the peer,
+        // connected, stopped listening before it answered.
         lock.lock();
-        if (state_[channel][size_t(peer)] == State::kDialing) state_[channel][size_t(peer)] = State::kIdle;
+        if (state_[channel][size_t(peer)] != State::kDialing) continue;
+        state_[channel][size_t(peer)] = State::kIdle;
         throw;
       }
       lock.lock();

@@ -44,11 +44,13 @@ class Connector {
   void setSink(Channel channel, Sink sink);
 
   // The connection to `peer` on `channel`: one the peer opened, else one
-  // dialed now (`dial` false: wait for the peer to dial). Returns an invalid
-  // Socket where the peer's connection went to the channel's sink. Throws
-  // TimeoutError at the deadline, and Error where the peer refuses (it left)
-  // or `wakeFd` becomes readable (the caller is interrupted).
-  Socket take(int peer, Channel channel, Deadline deadline, int wakeFd = -1, bool dial = true);
+  // dialed now. Returns an invalid Socket where the peer's connection went
+  // to the channel's sink. Throws TimeoutError at the deadline, and Error
+  // where the peer refuses (it left) or `wakeFd` becomes readable (the
+  // caller is interrupted). Both ranks of a pair may call it at once: a
+  // rank that waited for its peer's dial instead would wait until its
+  // deadline for a peer that died.
+  Socket take(int peer, Channel channel, Deadline deadline, int wakeFd = -1);
 
   // Closes the listener (new connections are refused) and drops what no one
   // took; take() throws afterwards. Safe to call twice.

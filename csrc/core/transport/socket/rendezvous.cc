@@ -1,6 +1,7 @@
 #include "rendezvous.h"
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -18,6 +19,46 @@ std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()
 uint64_t randomToken() {
   std::random_device rd;
   return (uint64_t(rd()) << 32) ^ rd();
+}
+
+// How long a rank waits for the table between checks that rank 0 lives.
+constexpr auto kRelayCheck = std::chrono::milliseconds(1000);
+
+// Rank 0 relays the table: had it died after announcing itself, the others
+// would wait for the table until their timeout. So every kRelayCheck they
+// dial its listener, whose address it set before it could die: a refused
+// dial fails the wait at once. A rank 0 that never announced itself never
+// came, and the wait runs to the timeout.
+std::string awaitTable(Store& store, const Directory& dir, std::chrono::milliseconds timeout) {
+  const Deadline end = Clock::now() + timeout;
+  std::optional<Address> relay;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+    try {
+      return stringOf(store.get(dir.prefix + "table", std::clamp(left, std::chrono::milliseconds(0), kRelayCheck)));
+    } catch (const TimeoutError&) {
+      if (left <= kRelayCheck) {
+        throw TimeoutError(str("collx rank ", dir.rank, ": timed out after ", timeout.count(),
+                               " ms waiting in the Store for ", dir.prefix,
+                               "table (a rank of the group never created it?)"));
+      }
+    }
+    if (!relay) {
+      if (auto record = store.tryGet(dir.prefix + "addr/0")) {
+        const std::string line = stringOf(*record);
+        relay = Address::parse(line.substr(0, line.find_first_of("@ ")));
+      }
+    }
+    if (!relay) continue;
+    try {
+      connectTo(*relay, Clock::now() + kRelayCheck, /*retryRefused=*/false);
+    } catch (const TimeoutError&) {  // alive but busy: the wait goes on
+    } catch (const Error& e) {
+      throw PeerClosedError(str("Connection closed by peer 0 (collx rank ", dir.rank,
+                                " waited for the group's table, which rank 0 relays, and rank 0 is gone: ", e.what(),
+                                ")"));
+    }
+  }
 }
 
 }  // namespace
@@ -56,7 +97,7 @@ void readTable(Store& store, Directory& dir, std::chrono::milliseconds timeout) 
     for (const auto& v : store.getMany(keys, timeout)) table += stringOf(v) + "\n";
     store.set(dir.prefix + "table", bytesOf(table));
   } else {
-    table = stringOf(store.get(dir.prefix + "table", timeout));
+    table = awaitTable(store, dir, timeout);
   }
   std::istringstream lines(table);
   std::string line;
@@ -95,7 +136,7 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     for (uint32_t ch = 0; ch < kChannels; ++ch) {
-      mesh.sockets[ch][size_t(peer)] = connector.take(peer, Channel(ch), deadline, -1, peer < rank);
+      mesh.sockets[ch][size_t(peer)] = connector.take(peer, Channel(ch), deadline);
     }
   }
   connector.stop();  // nobody can connect any more

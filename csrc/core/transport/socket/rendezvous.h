@@ -73,7 +73,7 @@ struct Mesh {
 };
 
 // Every rank connected to every other on both channels, then the listener
-// closed: lower ranks dial, higher ones accept. `localCongestion`: the
+// closed (Connector::take on each). `localCongestion`: the
 // congestion control of connections between ranks on one host ("" leaves
 // the system's); throws where the kernel refuses it.
 Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, int family,
