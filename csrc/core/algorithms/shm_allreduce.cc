@@ -4,21 +4,26 @@
 //
 //   for each chunk of the buffer (at most half a window), in the chunk
 //   protocol of shm_chunks.h:
-//     1. copy my part of the buffer into my half; post
-//     2. reduce my slice of the chunk in my half, in rank order, from the
-//        same slice of every peer's half; reduced
-//     3. copy every rank's slice into the buffer; gathered
+//     1. copy the peers' slices of my chunk into my half (my own slice
+//        only I read); post
+//     2. reduce my slice in the buffer itself, in rank order, from the same
+//        slice of every peer's half; copy the result into my half; reduced
+//     3. copy every peer's reduced slice into the buffer; gathered
 //
-//   rank 0 window  [ s0 | s1 | s2 ]   rank 1 reduces s1 of all three windows
-//   rank 1 window  [ s0 | s1 | s2 ]   into its own s1, then everyone copies
-//   rank 2 window  [ s0 | s1 | s2 ]   s0 from rank 0, s1 from 1, s2 from 2.
+//   rank 0 window  [ s0 | s1 | s2 ]   rank 1 reduces s1 of its buffer with s1
+//   rank 1 window  [ s0 | s1 | s2 ]   of windows 0 and 2 and puts the sum in
+//   rank 2 window  [ s0 | s1 | s2 ]   its own s1; everyone copies s0 from
+//                                      rank 0, s1 from 1, s2 from 2.
+//
+// Each rank's own slice goes into shared memory once, reduced, instead of
+// in as input and back out as output: at n=2, 0.65-0.94x the time of the
+// copy-everything-in order (docs/measurements.md).
 //
 // A small buffer takes one round instead: every rank posts all of it, then
 // folds the n windows in rank order, so that every rank computes the
 // bit-identical ((b0 + b1) + b2) + ..., as the direct all-reduce does.
 #include <algorithm>
 #include <cstring>
-#include <cstdlib>
 
 #include "algorithms.h"
 #include "shm_chunks.h"
@@ -44,21 +49,19 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
     return;
   }
 
-  static const size_t cap = getenv("COLLX_EXP_CHUNK") ? size_t(atol(getenv("COLLX_EXP_CHUNK"))) : SIZE_MAX;
-  static const bool variant = getenv("COLLX_EXP_VARIANT") != nullptr;
-  if (variant) {
-  chunks.forEach(count, std::min(chunks.halfElems(), std::max<size_t>(1, cap / es)), [&](size_t done, size_t len) {
+  chunks.forEach(count, chunks.halfElems(), [&](size_t done, size_t len) {
     auto sliceAt = [&](int r) { return len * size_t(r) / size_t(n); };
     const size_t lo = sliceAt(me), hi = sliceAt(me + 1);
     char* const part = out + done * es;
-    std::memcpy(chunks.half(me), part, lo * es);
-    std::memcpy(chunks.half(me) + hi * es, part + hi * es, (len - hi) * es);
+    char* const half = chunks.half(me);
+    std::memcpy(half, part, lo * es);
+    std::memcpy(half + hi * es, part + hi * es, (len - hi) * es);
     chunks.post();
     if (hi > lo) {
       for (int r = 0; r < n; ++r) {
         if (r != me) fn(part + lo * es, chunks.half(r) + lo * es, hi - lo);
       }
-      std::memcpy(chunks.half(me) + lo * es, part + lo * es, (hi - lo) * es);
+      std::memcpy(half + lo * es, part + lo * es, (hi - lo) * es);
     }
     chunks.reduced();
     for (int r = 0; r < n; ++r) {
@@ -66,25 +69,6 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
       if (r != me) std::memcpy(part + a * es, chunks.half(r) + a * es, (b - a) * es);
     }
     chunks.moved(len * es, (size_t(n - 1) * (hi - lo) + len - (hi - lo)) * es);
-  });
-  return;
-  }
-  chunks.forEach(count, std::min(chunks.halfElems(), std::max<size_t>(1, cap / es)), [&](size_t done, size_t len) {
-    std::memcpy(chunks.half(me), out + done * es, len * es);
-    chunks.post();
-    auto sliceAt = [&](int r) { return len * size_t(r) / size_t(n); };
-    const size_t lo = sliceAt(me), hi = sliceAt(me + 1);
-    if (hi > lo) {
-      for (int r = 0; r < n; ++r) {
-        if (r != me) fn(chunks.half(me) + lo * es, chunks.half(r) + lo * es, hi - lo);
-      }
-    }
-    chunks.reduced();
-    for (int r = 0; r < n; ++r) {
-      const size_t a = sliceAt(r), b = sliceAt(r + 1);
-      std::memcpy(out + (done + a) * es, chunks.half(r) + a * es, (b - a) * es);
-    }
-    chunks.moved((len + hi - lo) * es, (size_t(n - 1) * (hi - lo) + len - (hi - lo)) * es);
   });
 }
 
