@@ -36,8 +36,9 @@ def run_torch(op, n, sizes, tpp, out):
                           "--time-per-point", str(tpp), "--json", out]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
     rows = json.loads(Path(out).read_text())["rows"]
-    for r in rows:  # collectives.py names the auto group "collx", allreduce.py "collx/auto"
-        r.setdefault("name", "collx/auto" if r["backend"] == "collx" else r["backend"])
+    for r in rows:  # collectives.py names its backends in "backend" and the auto group "collx"
+        if "name" not in r:
+            r["name"] = "collx/auto" if r["backend"] == "collx" else r["backend"]
     return rows
 
 

@@ -258,7 +258,7 @@ void CollxBackend::tune() {
   }
   Collective c{*device_, OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + timeout(), config_.segmentBytes,
                config_.treeArity, workspace_};
-  TuningOutcome out = asDistError("init", rank_, [&] { return tuneGroup(c, policy); });
+  TuningOutcome out = tuneGroup(c, policy);  // the callers of build() report its errors
   tuning_ = out.tuning;
   refiner_->seed(out.refined);
   // Settled choices are saved beside the cache, by the first rank of each
