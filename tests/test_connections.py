@@ -137,13 +137,29 @@ def test_a_killed_rank_fails_every_ring_rank_promptly():
         assert "peer" in why, why
 
 
+def _wait_dead(pid):
+    """Until `pid` has exited (a zombie, or reaped)."""
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+
+
 def _late_rank(rank, ws, victim, late):
     import torch
     import torch.distributed as dist
     store = dist.distributed_c10d._get_default_store()
     _barrier("created", ws)
     if rank == victim:
+        store.set("victim", str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
+    # Dead before any op: its neighbours fail at their dial to it (a rank dials in
+    # peer order) and never dial the straggler, which no abort frame can reach.
+    _wait_dead(int(store.get("victim")))
     if rank == late:  # a straggler: its ring neighbours failed and left before it came
         while store.add("left", 0) < ws - 2:
             time.sleep(0.01)
