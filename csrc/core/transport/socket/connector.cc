@@ -25,8 +25,11 @@ constexpr char kAccepted = 1;
 constexpr char kDuplicate = 0;
 // How often a waiting take() looks at its wake fd.
 constexpr auto kWakeCheck = std::chrono::milliseconds(1);
-// How long a refused dial waits for the Store to tell why the peer left.
+// How long a refused dial waits for the Store to tell why the peer left,
+// and a failing rank for the Store to take its note (an abort the user asks
+// for must return within 100 ms).
 constexpr auto kNoteWait = std::chrono::seconds(1);
+constexpr auto kNoteSetWait = std::chrono::milliseconds(20);
 
 bool readable(int fd) {
   if (fd < 0) return false;
@@ -209,40 +212,60 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
   return true;
 }
 
-void Connector::leaveNote(const std::string& why) noexcept {
-  if (!notes_) return;
-  try {
-    notes_->set(str(dir_.prefix, "left/", rank_), std::vector<uint8_t>(why.begin(), why.end()));
-  } catch (const std::exception&) {  // the Store is gone too: peers see the refusal alone
-  }
-}
+namespace {
 
-std::string Connector::readNote(int peer, Clock::duration wait) const {
-  if (!notes_) return "";
-  // On a thread of its own: a Store whose server is stopped never answers,
-  // and a c10d request cannot be interrupted. Left behind, it ends with the
-  // Store's answer.
+// Runs `request` on a thread of its own and waits for its answer at most
+// `wait` (else ""): a Store whose server is stopped never answers, a c10d
+// request cannot be interrupted, and a request stuck there holds the
+// client's lock, on which the next would wait too. One left behind ends
+// with the Store's answer.
+std::string askStore(std::function<std::string()> request, Clock::duration wait) {
   struct Answer {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
-    std::string note;
+    std::string text;
   };
   auto answer = std::make_shared<Answer>();
-  std::thread([answer, store = notes_, key = str(dir_.prefix, "left/", peer)] {
-    std::string note;
+  std::thread([answer, request = std::move(request)] {
+    std::string text;
     try {
-      if (auto value = store->tryGet(key)) note.assign(value->begin(), value->end());
-    } catch (const std::exception&) {
+      text = request();
+    } catch (const std::exception&) {  // the Store is gone too: the caller goes on without it
     }
     std::lock_guard<std::mutex> lock(answer->mu);
-    answer->note = std::move(note);
+    answer->text = std::move(text);
     answer->done = true;
     answer->cv.notify_all();
   }).detach();
   std::unique_lock<std::mutex> lock(answer->mu);
   answer->cv.wait_for(lock, wait, [&] { return answer->done; });
-  return answer->note;
+  return answer->text;
+}
+
+}  // namespace
+
+void Connector::leaveNote(const std::string& why) noexcept {
+  if (!notes_) return;
+  try {
+    askStore(
+        [store = notes_, key = str(dir_.prefix, "left/", rank_), why] {
+          store->set(key, std::vector<uint8_t>(why.begin(), why.end()));
+          return std::string();
+        },
+        kNoteSetWait);
+  } catch (const std::exception&) {  // no thread to be had: peers see the refusal alone
+  }
+}
+
+std::string Connector::readNote(int peer, Clock::duration wait) const {
+  if (!notes_) return "";
+  return askStore(
+      [store = notes_, key = str(dir_.prefix, "left/", peer)] {
+        auto value = store->tryGet(key);
+        return value ? std::string(value->begin(), value->end()) : std::string();
+      },
+      wait);
 }
 
 void Connector::onHello(Socket socket, int peer, Channel channel) {
