@@ -61,8 +61,8 @@ class Connector {
   // Abort frames travel only on connections, and a lazy rank dials a peer
   // when an op first needs it: a peer that failed and closed its group
   // before then would refuse the dial and leave no cause. So a failing rank
-  // leaves its reason in `notes` (at "<prefix>left/<rank>": one Store set,
-  // which a c10d TCPStore does not answer), and a refused dial reads it.
+  // leaves its reason in `notes` (at "<prefix>left/<rank>"), and a refused
+  // dial reads it; neither waits long for the Store (askStore).
   void setNotes(std::shared_ptr<Store> notes) { notes_ = std::move(notes); }
   void leaveNote(const std::string& why) noexcept;
 
