@@ -260,12 +260,16 @@ void Connector::leaveNote(const std::string& why) noexcept {
 
 std::string Connector::readNote(int peer, Clock::duration wait) const {
   if (!notes_) return "";
-  return askStore(
-      [store = notes_, key = str(dir_.prefix, "left/", peer)] {
-        auto value = store->tryGet(key);
-        return value ? std::string(value->begin(), value->end()) : std::string();
-      },
-      wait);
+  try {
+    return askStore(
+        [store = notes_, key = str(dir_.prefix, "left/", peer)] {
+          auto value = store->tryGet(key);
+          return value ? std::string(value->begin(), value->end()) : std::string();
+        },
+        wait);
+  } catch (const std::exception&) {  // no thread to be had: the refusal alone
+    return "";
+  }
 }
 
 void Connector::onHello(Socket socket, int peer, Channel channel) {
