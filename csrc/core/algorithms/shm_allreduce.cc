@@ -16,8 +16,8 @@
 //                                      rank 0, s1 from 1, s2 from 2.
 //
 // Each rank's own slice goes into shared memory once, reduced, instead of
-// in as input and back out as output: at n=2, 0.65-0.94x the time of the
-// copy-everything-in order (docs/measurements.md).
+// in as input and back out as output: a copy of 1/n of the buffer less per
+// rank, which the op's time shows (docs/measurements.md).
 //
 // A small buffer takes one round instead: every rank posts all of it, then
 // folds the n windows in rank order, so that every rank computes the
