@@ -117,37 +117,48 @@ void testAnySourceFirst() {
   std::printf("lazy: a receive from any source gets the senders' new connections\n");
 }
 
+// The error of a p2p send from `from` to peer `to` ("" if it succeeded).
+std::string sendError(tcp::Device& from, int to) {
+  std::promise<std::string> failed;
+  std::vector<float> data(10);
+  from.p2p().postSend(to, 1, {data.data(), 40, DataType::kFloat32}, Clock::now() + 30s,
+                      [&](int, std::exception_ptr e) {
+                        std::string why;
+                        try {
+                          if (e) std::rethrow_exception(e);
+                        } catch (const std::exception& ex) {
+                          why = ex.what();
+                        }
+                        failed.set_value(why);
+                      });
+  return failed.get_future().get();
+}
+
+// Each error of a direct all-reduce run by ranks 0 .. ranks-1 alone ("" where it succeeded).
+std::vector<std::string> directAllreduceErrors(const std::vector<std::unique_ptr<tcp::Device>>& devices, int ranks) {
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  test::runRanks(ranks, [&](int r) {
+    Workspace ws;
+    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + 30s, 1 << 12, 2, ws};
+    std::vector<int32_t> buf(100, 1);
+    try {
+      allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    } catch (const Error& e) {
+      errors[size_t(r)] = e.what();
+    }
+  });
+  return errors;
+}
+
 // A peer that closed its group: a dial to it fails at once, naming it.
 void testPeerGone() {
   const int n = 3;
   test::Group g(n, lazyTcp());
   g.devices[2]->close();
   const auto start = Clock::now();
-  std::promise<std::string> failed;
-  std::vector<float> data(10);
-  g.devices[0]->p2p().postSend(2, 1, {data.data(), 40, DataType::kFloat32}, Clock::now() + 30s,
-                               [&](int, std::exception_ptr e) {
-                                 std::string why;
-                                 try {
-                                   if (e) std::rethrow_exception(e);
-                                 } catch (const std::exception& ex) {
-                                   why = ex.what();
-                                 }
-                                 failed.set_value(why);
-                               });
-  const std::string why = failed.get_future().get();
+  const std::string why = sendError(*g.devices[0], 2);
   CHECK(why.find("Connection closed by peer 2") != std::string::npos, "p2p: '", why, "'");
-  std::string collective;
-  test::runRanks(2, [&](int r) {
-    Workspace ws;
-    Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + 30s, 1 << 12, 2, ws};
-    std::vector<int32_t> buf(100, 1);
-    try {
-      allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
-    } catch (const Error& e) {
-      if (r == 0) collective = e.what();
-    }
-  });
+  const std::string collective = directAllreduceErrors(g.devices, 2)[0];
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
   CHECK(!collective.empty(), "an all-reduce with a departed rank succeeded");
   CHECK(ms < 5000, "failing took ", ms, " ms");
@@ -168,32 +179,10 @@ void testDepartedPeerLeavesItsReason() {
   const std::string reason = "collx rank 2: Connection closed by peer 7 (the first cause)";
   devices[2]->abort(reason);
   devices[2]->close();
-  std::promise<std::string> failed;
-  std::vector<float> data(10);
-  devices[0]->p2p().postSend(2, 1, {data.data(), 40, DataType::kFloat32}, Clock::now() + 30s,
-                             [&](int, std::exception_ptr e) {
-                               std::string why;
-                               try {
-                                 if (e) std::rethrow_exception(e);
-                               } catch (const std::exception& ex) {
-                                 why = ex.what();
-                               }
-                               failed.set_value(why);
-                             });
-  const std::string p2p = failed.get_future().get();
+  const std::string p2p = sendError(*devices[0], 2);
   CHECK(p2p.find("Connection closed by peer 2") != std::string::npos, "p2p: '", p2p, "'");
   CHECK(p2p.find("peer 2 had failed: " + reason) != std::string::npos, "p2p lacks the note: '", p2p, "'");
-  std::string collective;
-  test::runRanks(2, [&](int r) {
-    Workspace ws;
-    Collective c{*devices[r], OpKind::kAllreduce, DataType::kInt32, 1, Clock::now() + 30s, 1 << 12, 2, ws};
-    std::vector<int32_t> buf(100, 1);
-    try {
-      allreduce(c, Algorithm::kDirect, buf.data(), buf.size(), cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
-    } catch (const Error& e) {
-      if (r == 1) collective = e.what();
-    }
-  });
+  const std::string collective = directAllreduceErrors(devices, 2)[1];
   CHECK(collective.find("had failed: " + reason) != std::string::npos, "all-reduce lacks the note: '", collective,
         "'");
 }
