@@ -157,7 +157,8 @@ def test_a_cache_fitted_under_load_is_dropped(tmp_path):
     # Both ranks remove the host's one cache file; one of them finds it.
     assert sum("dropped its cache" in err for err in errs) == 1, errs
     assert not cache.exists(), "the stale cache was kept"
-    assert not list(cache.parent.glob("*.refined")), "choices refined under the stale cache were kept"
+    # The refined choices are the ops' own times: they stay for the next run.
+    assert list(cache.parent.glob("*.refined")), "the choices refined under the stale cache were not saved"
     again = run_ranks(_groups, 2, timeout=120, env=env)
     assert all(r["tunings"][0].startswith("tuning from calibration in ") for r in again), again[0]["tunings"]
 
@@ -198,7 +199,7 @@ def test_refined_choices_are_saved_for_the_next_run(tmp_path):
     assert len(files) == 1, f"{files}; rank 0's tuning: {first[0]['tuning']}"
     [refined] = files
     header, *saved = refined.read_text().splitlines()
-    assert header.startswith("collx-refined 1 for tuning "), header
+    assert header == "collx-refined 2", header
     assert saved, f"no class had a trial: {first[0]['tuning']}"
     kept = {}
     for line in saved:

@@ -265,18 +265,15 @@ void CollxBackend::tune() {
   // host (every rank holds the same, agreed choices).
   const std::vector<int> host = hosts();
   const bool saves = std::find(host.begin(), host.end(), host[size_t(rank_)]) - host.begin() == rank_;
-  auto stale = std::make_shared<std::atomic<bool>>(false);
-  refiner_->onKept = [this, saves, out, stale](const std::string& line) {
+  refiner_->onKept = [this, saves, out](const std::string& line) {
     if (logs(LogLevel::kInfo)) log(LogLevel::kInfo, line);
-    if (!saves || *stale) return;
+    if (!saves) return;
     const std::string failed = saveRefined(out, [this](const std::string& before) { return refiner_->save(before); });
     if (!failed.empty() && logs(LogLevel::kWarn)) log(LogLevel::kWarn, "refined choices not saved: " + failed);
   };
   // A cached tuning that real ops show fitted under load: later groups
-  // calibrate again, and refine again.
-  refiner_->onStale = [this, cache = out.cachePath, refined = out.refinedPath, stale](const std::string& why) {
-    *stale = true;
-    if (!refined.empty()) std::remove(refined.c_str());
+  // calibrate again. The refined choices stay: they are the ops' own times.
+  refiner_->onStale = [this, cache = out.cachePath](const std::string& why) {
     const bool dropped = !cache.empty() && std::remove(cache.c_str()) == 0;
     if (logs(LogLevel::kWarn)) {
       log(LogLevel::kWarn, why + (dropped ? "; dropped its cache " + cache + ", the next group calibrates again" : ""));

@@ -39,11 +39,23 @@ inline Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uin
                     512 << 10, 2, ws, &t};
 }
 
-// The ops of a trial among `candidates` in `rounds` blocks of `block`.
-inline int trialOps(int candidates, int block, int rounds) { return candidates * rounds * block; }
+// The ops of a trial among `candidates` that all stay for `rounds` rounds of
+// `block` (the first: a block of the first, a probe of each other).
+inline int trialOps(int candidates, int block, int rounds) {
+  return block + (candidates - 1) * Refiner::probeFor(block) + (rounds - 1) * candidates * block;
+}
+
+// Which of `candidates` runs trial op i, where all stay.
+inline int inTurn(int i, int candidates, int block) {
+  const int probe = Refiner::probeFor(block), first = block + (candidates - 1) * probe;
+  if (i < first) return i < block ? 0 : 1 + (i - block) / probe;
+  return (i - first) / block % candidates;
+}
 
 // The candidate of trial op i between direct (the model's choice) and ring.
-inline Algorithm trialAlgorithm(int i, int block) { return i / block % 2 == 0 ? Algorithm::kDirect : Algorithm::kRing; }
+inline Algorithm trialAlgorithm(int i, int block) {
+  return inTurn(i, 2, block) == 0 ? Algorithm::kDirect : Algorithm::kRing;
+}
 
 inline double predictedAt(const Tuning& t, size_t bytes) {
   return predictAllreduceUs(t, chooseAllreduce(t, kRanks, 2, bytes), kRanks, 2, bytes);
@@ -69,19 +81,22 @@ inline int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorit
 }
 
 // Runs the trial that the model's `choice` starts, checking that its ops
-// take `order` in turn in blocks of `block`, each op taking us(algorithm).
+// take `order` in turn, each op taking us(algorithm), for `rounds` rounds
+// (1: the first round's block and probes, after which a candidate far behind
+// ends the trial; the caller's next op is the check).
 inline void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
-                    const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us) {
+                           const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us,
+                           int rounds = 1) {
   const int candidates = int(order.size());
-  for (int i = 0; i < trialOps(candidates, block, roundsAt(c.costs(), bytes)); ++i) {
+  for (int i = 0; i < trialOps(candidates, block, rounds); ++i) {
     const Algorithm a = refiner.choose(c, bytes, choice);
-    CHECK(a == order[size_t(i / block % candidates)], "trial op ", i, ": ", name(a));
+    CHECK(a == order[size_t(inTurn(i, candidates, block))], "trial op ", i, ": ", name(a));
     refiner.ran(us(a));
   }
 }
 
 // The trial between direct (the model's choice) and ring at kClose, each
-// op taking `directUs` or `ringUs`.
+// op taking `directUs` or `ringUs`, far enough apart to end after its first round.
 inline void runDirectRingTrial(Refiner& refiner, const Collective& c, double directUs, double ringUs) {
   runTrialInTurn(refiner, c, kClose, Algorithm::kDirect, {Algorithm::kDirect, Algorithm::kRing},
                  blockAt(c.costs(), kClose), [&](Algorithm a) { return a == Algorithm::kDirect ? directUs : ringUs; });

@@ -1,7 +1,8 @@
 // Auto's online refinement (refine.h), over real loopback TCP, its trials:
 // the ranks keep the algorithm the group's summed times favour, even where one
 // rank's own clock says otherwise; trials take turns in blocks alike on every
-// rank, and drop a candidate far behind after a round; classes the model finds
+// rank, a first round of probes, and a candidate stays only while the trial
+// keeps within its budget; classes the model finds
 // clear-cut run no trial; a settled choice is re-tried after kRecheckOps, or a
 // minute of its ops; algorithms far off but cheap to try are tried; a class of
 // slow ops runs shorter blocks and fewer rounds, one of cheap ops the most
@@ -24,8 +25,9 @@ namespace {
 
 // Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
 // against 30): summed, ring wins (50 against 70 per trial pair), and every
-// rank keeps ring, rank 0 included. The first ops of each block are left
-// out, and so is a block with slow runs (direct's first, ring's first).
+// rank keeps ring, rank 0 included. Ring's 1.4x is far behind: the trial
+// ends after its first round (direct's block, ring's probe). The first ops
+// of each block, slow after the switch, are left out of the times.
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose), skip = Refiner::skipped(block), rounds = roundsAt(t, kClose);
@@ -40,16 +42,12 @@ void testAgreementOverrulesOneClock() {
     refiner.onKept = [&](const std::string& s) { line = s; };
     refiner.onStale = [&](const std::string& s) { stale = s, ++staleCalls; };
     const Collective c = collective(*g.devices[r], t, ws);
-    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+    for (int i = 0; i < trialOps(2, block, 1); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       const bool direct = a == Algorithm::kDirect;
-      // Neither the first ops of a block (after the switch) nor the blocks
-      // with slow runs count, on any rank: direct's first three (cold), one
-      // of ring's.
-      const bool slowRun = (i >= skip && i < skip + 3) || i == block + skip;
-      const double slow = i % block < skip ? 500.0 : slowRun ? 1000.0 : 0.0;
-      refiner.ran(slow + (r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0)));
+      const bool first = direct ? i < skip : i < block + Refiner::skipped(Refiner::probeFor(block));
+      refiner.ran((first ? 500.0 : 0.0) + (r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0)));
       CHECK(refiner.kept(kClose, Algorithm::kDirect) == Algorithm::kDirect, "nothing kept during the trial");
     }
     // Its check: ring runs on at its trial's pace on every rank, and holds.
@@ -68,14 +66,15 @@ void testAgreementOverrulesOneClock() {
     // the first), then tried a second time, where ring holds.
     CHECK(Refiner::confirmOpsFor(16.7) == 4096, "confirmOpsFor(16.7): ", Refiner::confirmOpsFor(16.7));
     runKept(refiner, c, Algorithm::kRing, 1.0, Refiner::confirmOpsFor(16.7));
-    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+    for (int i = 0; i < trialOps(2, block, 1); ++i) {
       const bool direct = trialAlgorithm(i, block) == Algorithm::kDirect;
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "the second trial, op ", i);
       refiner.ran(r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0));
     }
     runCheck(refiner, c, kClose, Algorithm::kRing, r == 0 ? 20.0 : 15.0);
     CHECK(line == "refined: 256 KiB: ring (16.7 us) over direct (23.3 us)", "rank ", r, ": ", line);
-    // Kept for kRecheckOps ops in all (the settling op was the first), then tried again.
+    // Kept for kRecheckOps ops in all (the settling op was the first), then
+    // tried again; alike now, both stay for every round of the trial.
     runKept(refiner, c, Algorithm::kRing, 1.0, Refiner::kRecheckOps);
     for (int i = 0; i < trialOps(2, block, rounds); ++i) {
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "a new trial, op ", i);
@@ -150,9 +149,9 @@ void testSlowClassesTryLess() {
   });
 }
 
-// Three algorithms predicted close: the trial runs each in turn, in blocks,
-// for both rounds: direct takes 5x star, but a block of it costs 0.3 ms
-// more, so it stays. Star, the fastest, is kept.
+// Three algorithms predicted close: the trial runs direct's block, then a
+// probe of ring and of star. Star is the fastest, and the others, at 1.6x
+// and 5x, are too far behind to run another block: star is kept.
 void testThreeCandidates() {
   Tuning t = closeModel();
   t.cost[size_t(Algorithm::kStar)] = t.cost[size_t(Algorithm::kRing)];
@@ -175,22 +174,23 @@ void testThreeCandidates() {
 
 // Direct's ops take 5 us, but every fourth 30 (6x the median; 12.5 on
 // average over a block's counted ops), ring's take 10: ring is kept, though
-// most of direct's ops are faster. A preemption (one op of 5 ms in ring's
-// first block) counts as kOutlierRatio times ring's median, 80 us, and the
-// lower median leaves that block out.
+// most of direct's ops are faster. A preemption (one op of 5 ms) in ring's
+// probe leaves its median; in a block it counts as kOutlierRatio times the
+// median.
 void testVaryingOpsPayForTheirSlowOnes() {
   const Tuning t = closeModel();
-  const int block = blockAt(t, kClose), skip = Refiner::skipped(block), rounds = roundsAt(t, kClose);
+  const int block = blockAt(t, kClose);
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
-    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+    for (int i = 0; i < trialOps(2, block, 1); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
-      refiner.ran(a == Algorithm::kDirect ? (i % 4 == 3 ? 30.0 : 5.0) : i == block + skip ? 5000.0 : 10.0);
-      if (i == 2 * block - 1) {
-        CHECK(refiner.describe() == "refining: 256 KiB: 32 of 1056 ops", refiner.describe());
+      refiner.ran(a == Algorithm::kDirect ? (i % 4 == 3 ? 30.0 : 5.0) : i == block + 2 ? 5000.0 : 10.0);
+      if (i == block + 1) {
+        const int planned = trialOps(2, block, roundsAt(t, kClose));
+        CHECK(refiner.describe() == str("refining: 256 KiB: 18 of ", planned, " ops"), refiner.describe());
       }
     }
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0);
@@ -199,14 +199,43 @@ void testVaryingOpsPayForTheirSlowOnes() {
           line);
     Refiner::Block preempted{{10, 10, 10, 10, 5000}};
     CHECK(preempted.typical() == (4 * 10 + Refiner::kOutlierRatio * 10) / 5, "a preemption: ", preempted.typical());
+    preempted.probe = true;
+    CHECK(preempted.typical() == 10, "a preempted probe: ", preempted.typical());
   });
+}
+
+// The budget: direct takes 10 us; ring, 5% slower, costs a trial 2.5% a
+// round and stays for every round; ring 25% slower would take the trial
+// past kTrialBudget in its third round, so the trial ends after two. Either
+// trial costs at most kTrialBudget over direct's time for its ops.
+void testTrialStaysWithinItsBudget() {
+  const Tuning t = closeModel();
+  const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
+  for (const auto& [ringUs, trialRounds] : {std::pair{10.5, rounds}, std::pair{12.5, 2}}) {
+    onEveryRank(t, [&, ringUs = ringUs, trialRounds = trialRounds](int r, Ranked& k) {
+      auto& [ws, refiner, line, c] = k;
+      double spent = 0;
+      int ops = 0;
+      for (;; ++ops) {
+        const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+        if (refiner.describe().find("checking") != std::string::npos) break;  // the trial's end
+        CHECK(a == trialAlgorithm(ops, block), "rank ", r, " trial op ", ops, ": ", name(a));
+        refiner.ran(a == Algorithm::kDirect ? 10.0 : ringUs);
+        spent += a == Algorithm::kDirect ? 10.0 : ringUs;
+      }
+      CHECK(ops == trialOps(2, block, trialRounds), "rank ", r, ", ring at ", ringUs, " us: ", ops, " trial ops, not ",
+            trialOps(2, block, trialRounds));
+      CHECK(spent <= (1 + Refiner::kTrialBudget) * 10.0 * ops, "the trial cost ", spent / (10.0 * ops), "x direct's");
+    });
+  }
 }
 
 // A class of ops of tens of us runs the most rounds, and each candidate
 // counts its lower median block: direct's first two blocks fall in a slow
-// spell of the machine (48 us an op), its others take 20; ring
-// steadily takes 22. Direct is kept, where two rounds (the lowest of two)
-// kept ring. (The model predicts 9 us: within kSpellRatio, no second trial.)
+// spell of the machine (24 us an op), its others take 20; ring steadily
+// takes 22. Close, both stay within the budget for every round, and direct
+// is kept, where two rounds (the lowest of two) kept ring. (The model
+// predicts 9 us: within kSpellRatio, no second trial.)
 void testCheapClassesTryInMoreRounds() {
   CHECK(Refiner::roundsFor(16 * 10.0) == 64 && Refiner::roundsFor(16 * 1000.0) == 9 &&
             Refiner::roundsFor(8 * 4000.0) == 4 && Refiner::roundsFor(4 * 20000.0) == 2 && Refiner::roundsFor(0) == 64,
@@ -223,7 +252,7 @@ void testCheapClassesTryInMoreRounds() {
     for (int i = 0; i < trialOps(2, block, rounds); ++i) {
       const Algorithm a = refiner.choose(c, kCheap, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
-      refiner.ran(a == Algorithm::kRing ? 22.0 : i < 4 * block ? 48.0 : 20.0);
+      refiner.ran(a == Algorithm::kRing ? 22.0 : i < trialOps(2, block, 2) ? 24.0 : 20.0);
       CHECK(refiner.trying(kCheap, Algorithm::kDirect), "op ", i, " is in the trial");
     }
     runCheck(refiner, c, kCheap, Algorithm::kDirect, 20.0);
@@ -266,10 +295,11 @@ void testOneRoundIsTriedAgainstDirect() {
     // Below kSpellRatio times the model's time, so that no second trial follows.
     const double direct = 2.0 * predictAllreduceUs(t, Algorithm::kDirect, kRanks, 2, 1024);
     auto us = [&](Algorithm a) { return a == Algorithm::kDirect ? direct : a == Algorithm::kShm ? 1.2 * direct : 0.1; };
-    const int block = Refiner::blockFor(direct / 2), rounds = Refiner::roundsFor(direct / 2 * block);
-    for (int i = 0; i < trialOps(2, block, rounds); ++i) {
+    const int block = Refiner::blockFor(direct / 2);
+    for (int i = 0; i < trialOps(2, block, 1); ++i) {  // 1.2x: far enough behind to end it after a round
       const Algorithm a = refiner.choose(c, 1024, Algorithm::kShm);
-      CHECK(a == (i / block % 2 == 0 ? Algorithm::kShm : Algorithm::kDirect), "rank ", r, " trial op ", i, ": ", name(a));
+      CHECK(a == (inTurn(i, 2, block) == 0 ? Algorithm::kShm : Algorithm::kDirect), "rank ", r, " trial op ", i, ": ",
+            name(a));
       refiner.ran(us(a));
     }
     runCheck(refiner, c, 1024, Algorithm::kDirect, direct, Algorithm::kShm);
@@ -345,8 +375,8 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
       }
     };
     int i = 0;
-    // R rounds of a block per candidate (the windows too over shared memory
-    // below them), two checks of each at most, then six settled ops.
+    // R rounds of a block per candidate at most (the windows too over shared
+    // memory below them), two checks of each at most, then six settled ops.
     const int candidates = mode == shm::Mode::kShm && close < (64 << 10) ? 3 : 2;
     const int most = trialOps(candidates, block, roundsAt(t, close)) + 2 * candidates * Refiner::checkOpsFor(0);
     while ((i == 0 || refiner.trying(close, Algorithm::kDirect)) && i < most) op(i++);
@@ -354,9 +384,14 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
     for (int more = 0; more < 6; ++more) op(i++);
   });
   for (int r = 1; r < kRanks; ++r) CHECK(ran[r] == ran[0], "rank ", r, " ran other algorithms than rank 0");
-  for (int i = 0; i < 2 * block; ++i) CHECK(ran[0][i] == trialAlgorithm(i, block), "trial op ", i, ": ", name(ran[0][i]));
+  std::vector<Algorithm> order = {Algorithm::kDirect, Algorithm::kRing};
+  if (mode == shm::Mode::kShm && close < (64 << 10)) order.push_back(Algorithm::kShm);
+  const int candidates = int(order.size()), first = trialOps(candidates, block, 1);
+  for (int i = 0; i < first; ++i) {
+    CHECK(ran[0][i] == order[size_t(inTurn(i, candidates, block))], "trial op ", i, ": ", name(ran[0][i]));
+  }
   const size_t at = size_t(settledAt[0]);
-  CHECK(at > size_t(2 * block), "settled after ", at, " ops");
+  CHECK(at > size_t(first), "settled after ", at, " ops");
   for (size_t i = at - 1; i < ran[0].size(); ++i) CHECK(ran[0][i] == ran[0][at - 1], "settled op ", i);
 }
 
@@ -368,6 +403,7 @@ int main() {
   testSlowClassesTryLess();
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
+  testTrialStaysWithinItsBudget();
   testSharedWindowsAreACandidate();
   testOneRoundIsTriedAgainstDirect();
   testSharedWindowsJoinBelowTheirRule();

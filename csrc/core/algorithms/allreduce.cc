@@ -43,8 +43,8 @@ Algorithm allreduce(const Collective& c, Algorithm algo, void* buf, size_t count
   const size_t bytes = count * elementSize(c.dtype);
   Refiner* refiner = algo == Algorithm::kAuto ? c.refiner : nullptr;
   algo = resolveAllreduce(c.transport, c.costs(), algo, c.treeArity, bytes);
+  const auto start = std::chrono::steady_clock::now();  // a trial's agreements count as its ops' time
   if (refiner) algo = refiner->choose(c, bytes, algo);
-  const auto start = std::chrono::steady_clock::now();
   switch (algo) {
     case Algorithm::kRing: ringAllreduce(c, buf, count, fn); break;
     case Algorithm::kTree: treeAllreduce(c, buf, count, fn); break;

@@ -26,7 +26,8 @@ namespace {
 // pipelined ring only past a few hundred KiB. Each size gets one round of
 // every algorithm, then as many more rounds (up to a limit) as its time
 // budget allows at the speed the first round measured: a slow link keeps
-// calibration short, a fast one buys medians that one noisy op cannot spoil.
+// calibration short, a fast one buys rounds enough that one of them runs
+// undisturbed.
 constexpr size_t kCalibrationSizes[] = {8, 16 << 10, 256 << 10, 1 << 20};
 // The most ranks of a lazy group that calibrate at creation (tuneGroup).
 constexpr int kMaxLazyCalibratedRanks = 8;
@@ -108,7 +109,7 @@ class Calibration {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     std::vector<char> buf(kCalibrationSizes[kNumSizes - 1]);
-    std::vector<double> medians(std::size(kFlatAlgorithms) * kNumSizes);  // [algorithm][size], microseconds
+    std::vector<double> fastest(std::size(kFlatAlgorithms) * kNumSizes);  // [algorithm][size], microseconds
     const size_t algos = std::size(kFlatAlgorithms);
     for (size_t k = 0; k < kNumSizes; ++k) {
       const size_t count = kCalibrationSizes[k] / sizeof(float);
@@ -136,15 +137,14 @@ class Calibration {
       allreduce(small_, DataType::kFloat64, ReduceOp::kMax, &first, 1);
       const int more = std::min(kMaxRounds[k] - 1, int(kRoundBudgetUs[k] / std::max(first, 1.0)));
       for (int r = 0; r < more; ++r) round();
-      for (size_t a = 0; a < algos; ++a) {
-        std::sort(us[a].begin(), us[a].end());
-        medians[a * kNumSizes + k] = us[a][us[a].size() / 2];
-      }
+      // The fastest round: whatever else the machine runs only adds time to
+      // an op, and a group is often created beside the job's own start-up.
+      for (size_t a = 0; a < algos; ++a) fastest[a * kNumSizes + k] = *std::min_element(us[a].begin(), us[a].end());
     }
-    allreduce(small_, DataType::kFloat64, ReduceOp::kMax, medians.data(), medians.size());
+    allreduce(small_, DataType::kFloat64, ReduceOp::kMax, fastest.data(), fastest.size());
     std::vector<std::vector<double>> table;
-    for (size_t a = 0; a < medians.size(); a += kNumSizes) {
-      table.emplace_back(medians.begin() + long(a), medians.begin() + long(a + kNumSizes));
+    for (size_t a = 0; a < fastest.size(); a += kNumSizes) {
+      table.emplace_back(fastest.begin() + long(a), fastest.begin() + long(a + kNumSizes));
     }
     *ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     char took[32];
@@ -159,16 +159,15 @@ class Calibration {
   uint64_t next_ = 0;
 };
 
-std::string refinedHeader(uint64_t tuningHash) {
-  char out[64];
-  std::snprintf(out, sizeof out, "collx-refined 1 for tuning %016llx\n", static_cast<unsigned long long>(tuningHash));
-  return out;
-}
+// The refined choices' file, named by the cache key as the cache is. They
+// are measured times of real ops, not the model's: they outlive a
+// recalibration, and a group checks them before it trusts them (refine.h).
+constexpr char kRefinedHeader[] = "collx-refined 2\n";
 
-// The choices saved at `path` for the tuning whose text hashes to `tuningHash`, or "".
-std::string readRefined(const std::string& path, uint64_t tuningHash) {
+// The choices saved at `path`, or "".
+std::string readRefined(const std::string& path) {
   std::string text;
-  const std::string header = refinedHeader(tuningHash);
+  const std::string header = kRefinedHeader;
   if (path.empty() || !readFile(path, &text) || text.compare(0, header.size(), header) != 0) return "";
   return text.substr(header.size());
 }
@@ -177,9 +176,9 @@ std::string readRefined(const std::string& path, uint64_t tuningHash) {
 
 std::string saveRefined(const TuningOutcome& out, const std::function<std::string(const std::string&)>& text) {
   if (out.refinedPath.empty()) return "";
-  const std::string body = text(readRefined(out.refinedPath, out.cacheHash));
+  const std::string body = text(readRefined(out.refinedPath));
   const std::string dir = out.refinedPath.substr(0, out.refinedPath.rfind('/'));
-  return writeFileAtomically(dir, out.refinedPath, refinedHeader(out.cacheHash) + body);
+  return writeFileAtomically(dir, out.refinedPath, kRefinedHeader + body);
 }
 
 Tuning loadTuningFile(const TuningPolicy& policy, std::string* text) {
@@ -222,24 +221,18 @@ TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy) {
     }
   }
   // The refined choices: "tuning-<key hash>.refined" beside the cache.
-  const std::string refinedPath = path.empty() ? "" : path.substr(0, path.size() - 4) + ".refined";
-  std::string refined = mine != 0 ? readRefined(refinedPath, mine) : "";
+  out.refinedPath = path.empty() ? "" : path.substr(0, path.size() - 4) + ".refined";
+  std::string refined = readRefined(out.refinedPath);
   const auto agreed = cal.allAgree(std::array<uint64_t, 2>{mine, refined.empty() ? 0 : fnv1a(refined)});
+  if (agreed[1]) out.refined = std::move(refined);
   if (agreed[0] && mine != 0) {
     out.tuning = cached;
-    out.cacheHash = mine;
-    out.refinedPath = refinedPath;
-    if (agreed[1]) out.refined = std::move(refined);
     return out;
   }
   out.tuning = cal.measure("calibration", &out.calibrationMs);
   if (!path.empty()) {
     text = str("# ", policy.cacheKey, "\n", out.tuning.serialize());
     out.cacheWarning = writeFileAtomically(policy.cacheDir, path, text);
-    if (out.cacheWarning.empty()) {
-      out.cacheHash = fnv1a(text);
-      out.refinedPath = refinedPath;
-    }
   }
   return out;
 }

@@ -6,7 +6,8 @@
 //      that tuning is used and nothing is timed.
 //   2. Otherwise calibrate: at each size of kCalibrationSizes, a few rounds
 //      of each flat algorithm, each timed op after an untimed one of its
-//      algorithm; each rank keeps the median. One all-reduce with MAX gives every rank the same
+//      algorithm; each rank keeps the fastest round (load only adds time).
+//      One all-reduce with MAX gives every rank the same
 //      table (the slowest rank's view), so every rank fits the same
 //      constants and auto picks the same algorithm everywhere.
 //   3. Fit, per algorithm, time = A + B·bytes (least squares on relative
@@ -14,10 +15,11 @@
 //   4. Write the result to the cache file (atomically: a temporary, then a
 //      rename), for later groups and runs with the same key.
 //
-// Beside the cache file, the choices online refinement settled on under
-// that tuning (refine.h) are saved (saveRefined). Step 1 agrees on them as
-// on the tuning, in the same all-reduce: a group seeds them only where every
-// rank read the same, for the tuning in use.
+// Beside the cache file, under the same key, the choices online refinement
+// settled on (refine.h) are saved (saveRefined). Step 1 agrees on them as on
+// the tuning, in the same all-reduce: a group seeds them only where every
+// rank read the same. They are measured, not fitted, so they outlive a
+// recalibration; the group checks them before it trusts them.
 //
 // The calibration's messages are kCalibrate frames with sequence numbers of
 // their own, so they never meet the group's ops.
@@ -45,8 +47,7 @@ struct TuningOutcome {
   double calibrationMs = 0;   // 0 when nothing was timed
   std::string cacheWarning;   // non-empty when the cache could not be written
   std::string cachePath;      // kCalibrate: the cache file read or written ("" = none)
-  uint64_t cacheHash = 0;     // of its text
-  std::string refinedPath;    // where refined choices under that tuning are saved ("" = none)
+  std::string refinedPath;    // where refined choices are saved, beside the cache ("" = none)
   std::string refined;        // the saved choices every rank read (Refiner::seed's text), or ""
 };
 
@@ -61,7 +62,7 @@ Tuning loadTuningFile(const TuningPolicy& policy, std::string* text = nullptr);
 TuningOutcome tuneGroup(const Collective& c, const TuningPolicy& policy);
 
 // Saves refined choices beside `out`'s cache: `text` gets the choices saved
-// there before (for the same tuning, else "") and returns the new ones
+// there before (else "") and returns the new ones
 // (Refiner::save). Returns why it could not, or "".
 std::string saveRefined(const TuningOutcome& out, const std::function<std::string(const std::string&)>& text);
 

@@ -75,6 +75,7 @@ double Refiner::Block::typical() const {
   if (us.empty()) return 0;
   std::vector<double> sorted = us;
   std::nth_element(sorted.begin(), sorted.begin() + long(sorted.size() / 2), sorted.end());
+  if (probe) return sorted[sorted.size() / 2];
   const double cap = kOutlierRatio * sorted[sorted.size() / 2];
   double sum = 0;
   for (double t : us) sum += std::min(t, cap);
@@ -119,8 +120,15 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
   return k;
 }
 
+int Refiner::roundOps(const Class& k) {
+  int ops = 0;
+  for (int j = 0; j < k.activeCount; ++j) ops += blockOf(k, j);
+  return ops;
+}
+
 Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   pending_ = nullptr;
+  trialOf_ = nullptr;
   if (c.size() < 2 || bytes == 0 || !refinable(choice)) return choice;
   const size_t cls = classOf(bytes);
   std::unique_lock<std::mutex> lock(mu_);
@@ -144,11 +152,17 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   std::string stale;
   for (;;) {  // a check may end in a trial (a saved choice that no longer holds)
     while (k.kept < 0) {
-      if (k.roundRuns < k.activeCount * k.block) {
-        const int run = k.roundRuns++;
-        const int i = k.active[run / k.block];
+      int run = k.roundRuns, j = 0;  // the run-th op of the j-th active candidate's block
+      while (j < k.activeCount && run >= blockOf(k, j)) run -= blockOf(k, j++);
+      if (j < k.activeCount) {
+        const int i = k.active[j];
+        ++k.roundRuns;
         ++k.runs;
-        if (run % k.block >= skipped(k.block)) pending_ = &k.trial[i][k.round];
+        trialOf_ = &k;
+        if (run >= skipped(blockOf(k, j))) {
+          pending_ = &k.trial[i][k.round];
+          pending_->probe = blockOf(k, j) < k.block;
+        }
         return k.candidate[i];
       }
       endRound(c, cls, k, lock, stale);
@@ -174,20 +188,35 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
 
 void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock,
                        std::string& stale) {
-  double sums[kMax] = {};
+  double sums[kMax + 1] = {};  // each candidate's time, then the trial's
   for (int j = 0; j < k.activeCount; ++j) sums[k.active[j]] = lowerMedian(k.trial[k.active[j]], k.round + 1);
-  agree(c, sums, k.count, lock);
+  sums[k.count] = k.spentUs;
+  agree(c, sums, k.count + 1, lock);
   int best = k.active[0];  // ties: the model's order
   for (int j = 0; j < k.activeCount; ++j) {
     const int i = k.active[j];
     k.agreedUs[i] = sums[i] / c.size();
     if (k.agreedUs[i] < k.agreedUs[best]) best = i;
   }
+  // The budget: fastest first, each candidate's next block while the trial,
+  // with it, stays within kTrialBudget over the fastest's time for its ops.
+  int byTime[kMax];
+  std::copy(k.active, k.active + k.activeCount, byTime);
+  std::stable_sort(byTime, byTime + k.activeCount, [&](int a, int b) { return k.agreedUs[a] < k.agreedUs[b]; });
+  const double fastest = k.agreedUs[best];
+  double cost = sums[k.count] / c.size(), ops = k.runs;
+  bool stays[kMax] = {};
+  for (int j = 0; j < k.activeCount; ++j) {
+    const int i = byTime[j];
+    const double more = k.block * k.agreedUs[i];
+    if (i != best && cost + more > (1 + kTrialBudget) * (ops + k.block) * fastest) break;
+    stays[i] = true;
+    cost += more;
+    ops += k.block;
+  }
   int left = 0;
   for (int j = 0; j < k.activeCount; ++j) {
-    const double us = k.agreedUs[k.active[j]], fastest = k.agreedUs[best];
-    const bool drop = us > kDropRatio * fastest && (us - fastest) * k.block > kCheapUs;
-    if (!drop) k.active[left++] = k.active[j];
+    if (stays[k.active[j]]) k.active[left++] = k.active[j];
   }
   k.activeCount = left;
   k.roundRuns = 0;
@@ -268,10 +297,12 @@ void Refiner::agree(const Collective& c, double* values, int n, std::unique_lock
 }
 
 void Refiner::ran(double us) {
-  if (!pending_) return;
+  if (!pending_ && !trialOf_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  pending_->us.push_back(us);
+  if (pending_) pending_->us.push_back(us);
+  if (trialOf_) trialOf_->spentUs += us;
   pending_ = nullptr;
+  trialOf_ = nullptr;
 }
 
 Algorithm Refiner::kept(size_t bytes, Algorithm choice) const {
@@ -307,7 +338,7 @@ uint64_t Refiner::confirmOpsFor(double us) { return opsWithin(kConfirmUs, us, kC
 std::string Refiner::describe(size_t bytes, const Class& k) {
   const std::string size = sizeName(bytes) + (oneRound(k.candidate[0], bytes) ? " in one round" : "");
   if (k.kept < 0) {
-    const int planned = k.runs - k.roundRuns + k.activeCount * k.block * (k.rounds - k.round);
+    const int planned = k.runs - k.roundRuns + roundOps(k) + k.activeCount * k.block * (k.rounds - k.round - 1);
     return str("refining: ", size, ": ", k.runs, " of ", planned, " ops");
   }
   if (k.checkOps > 0) {
@@ -333,13 +364,15 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
 
 void Refiner::apply(const Seed& s, Class& k) {
   int kept = -1;
+  bool covered = true;
   for (int i = 0; i < k.count; ++i) {
     for (const auto& [a, us] : s.us) {
       if (a == k.candidate[i]) k.agreedUs[i] = k.trialUs[i] = us;
     }
+    covered = covered && k.agreedUs[i] > 0;
     if (k.candidate[i] == s.kept && k.agreedUs[i] > 0) kept = i;
   }
-  if (kept < 0) {  // saved under other candidates: a trial, as if none was saved
+  if (kept < 0 || !covered) {  // saved under other candidates: a trial, as if none was saved
     std::fill(std::begin(k.agreedUs), std::end(k.agreedUs), 0.0);
     std::fill(std::begin(k.trialUs), std::end(k.trialUs), 0.0);
     return;

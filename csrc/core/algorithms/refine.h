@@ -9,11 +9,14 @@
 // blocks). The class then runs:
 //
 //   trial    R rounds (roundsFor) of a block of B ops (blockFor) per
-//            candidate, the first 3B/8 ops of a block uncounted; after each
-//            round one all-reduce agrees each candidate's lower median block
-//            time (Block::typical), and one over kDropRatio times the
-//            fastest whose next block costs over kCheapUs more leaves; the
-//            class keeps the fastest
+//            candidate, the first 3B/8 ops of a block uncounted; in the
+//            first round the first candidate runs B ops and each other a
+//            probe of P (probeFor). After each round one all-reduce agrees
+//            each candidate's lower median block time (Block::typical) and
+//            what the trial's ops took; fastest first, a candidate stays
+//            for the next round only while the trial, its next block
+//            included, costs at most kTrialBudget over the fastest's time
+//            for as many ops. The class keeps the fastest
 //   check    C ops (checkOpsFor) of the kept one; over kSwitchRatio times
 //            another's trial time, or over another's checked time, it gives
 //            way to that one, which is checked too, and the one left is
@@ -29,7 +32,11 @@
 // a slower algorithm near a crossover or after a calibration in a slow spell
 // of the machine. With more ranks than cores, times come in spells and
 // modes, so a trial must run long enough to span them, and since a spell
-// only slows ops down, the lower of two looks is the truer one.
+// only slows ops down, the lower of two looks is the truer one. A close
+// candidate needs the most rounds to be told apart and costs the least per
+// round; a far one is told apart by its probe: the budget keeps the first
+// and ends the second, so that a job pays for its trials at most about
+// kTrialBudget of its ops' time.
 //
 // Every rank sees the group's ops in the same order and sizes and agrees
 // the times by all-reduce, so every rank keeps the same algorithm: none
@@ -44,12 +51,14 @@
 //
 // Saved choices: save() gives the settled classes (the kept one, every
 // candidate's agreed time), which the glue keeps beside the calibration
-// cache; the next group with that cache seeds them. A seeded class skips
-// its trial and starts at the check of its kept choice: within kTrustRatio
+// cache; the next group with that cache key seeds them. A seeded class
+// whose candidates all have a saved time skips its trial and starts at the
+// check of its kept choice: within kTrustRatio
 // of its saved time, it settles there (the next run of a job pays no trial);
 // over it, the machine is not what it was, and a trial follows.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iterator>
@@ -73,7 +82,7 @@ class Refiner {
   static constexpr int kMaxBlock = 16;            // B, at most
   static constexpr double kCloseRatio = 4.0;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its first two blocks' predicted cost over the best's
-  static constexpr double kDropRatio = 2.0;       // a candidate's agreed time / the fastest's that may drop it
+  static constexpr double kTrialBudget = 0.10;    // a trial's time over the fastest's for its ops, at most
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
@@ -88,7 +97,7 @@ class Refiner {
   // rules before it) chose `choice`. May run an agreement all-reduce on
   // c's transport first; throws what that throws.
   Algorithm choose(const Collective& c, size_t bytes, Algorithm choice);
-  // The time the op just chosen took on this rank.
+  // The time the op just chosen took on this rank, from before choose().
   void ran(double us);
   // What the class of `bytes` runs now, where it was tried from a choice
   // of `choice`'s kind (the one-round all-reduce or not), else `choice` (no
@@ -101,6 +110,8 @@ class Refiner {
   // how many ops at the start of a block go uncounted.
   static int blockFor(double us);
   static int skipped(int block) { return 3 * block / 8; }
+  // P: the first round's ops of a candidate after the first.
+  static int probeFor(int block) { return std::min(block, 4); }
   // R for that class, whose blocks take `blockUs` each.
   static int roundsFor(double blockUs);
   // C for a candidate the trial agreed at `us` per op.
@@ -131,9 +142,11 @@ class Refiner {
   // with each time capped at kOutlierRatio times the median, so that a
   // preemption (milliseconds) counts as one slow op, while an algorithm
   // whose ops vary still pays for its slow ones (a tighter cap let such an
-  // algorithm win trials it then lost). 0 for no ops.
+  // algorithm win trials it then lost). A probe's typical op is its median:
+  // one preempted op of its few must not end a candidate. 0 for no ops.
   struct Block {
     std::vector<double> us;
+    bool probe = false;
     double typical() const;
   };
   static constexpr double kOutlierRatio = 8.0;
@@ -151,6 +164,7 @@ class Refiner {
     int round = 0;                 // of the trial
     int runs = 0;                  // trial ops so far
     int roundRuns = 0;             // and in this round
+    double spentUs = 0;            // this rank's time of the trial's ops (their agreements included)
     Block trial[kMax][kMaxRounds];  // this rank's counted times per candidate and round
     double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
     int checks[kMax] = {};         // agreedUs[i] is the lowest of this many checks (or the trial's: 0)
@@ -175,6 +189,9 @@ class Refiner {
     std::vector<std::pair<Algorithm, double>> us;  // agreed times
   };
   static Class fresh(const Collective& c, size_t bytes, Algorithm choice);
+  // The ops of the j-th active candidate in k's round, and of the round.
+  static int blockOf(const Class& k, int j) { return k.round == 0 && j > 0 ? probeFor(k.block) : k.block; }
+  static int roundOps(const Class& k);
   // Starts k (fresh) at the check of the seed's kept choice, where k has it among its candidates.
   static void apply(const Seed& s, Class& k);
   // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
@@ -190,6 +207,7 @@ class Refiner {
   std::map<std::pair<size_t, bool>, Class> classes_;  // by keyOf (refine.cc): the class, one round or not
   std::map<std::pair<size_t, bool>, Seed> seeds_;     // saved choices, by the same key
   Block* pending_ = nullptr;  // where ran() puts the time of the running op
+  Class* trialOf_ = nullptr;  // the class whose trial the running op belongs to
   uint64_t agreements_ = 0;
   bool stale_ = false;
   Workspace scratch_;  // the agreement's, apart from the op's
