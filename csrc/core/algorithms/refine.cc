@@ -364,15 +364,13 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
 
 void Refiner::apply(const Seed& s, Class& k) {
   int kept = -1;
-  bool covered = true;
   for (int i = 0; i < k.count; ++i) {
     for (const auto& [a, us] : s.us) {
       if (a == k.candidate[i]) k.agreedUs[i] = k.trialUs[i] = us;
     }
-    covered = covered && k.agreedUs[i] > 0;
     if (k.candidate[i] == s.kept && k.agreedUs[i] > 0) kept = i;
   }
-  if (kept < 0 || !covered) {  // saved under other candidates: a trial, as if none was saved
+  if (kept < 0) {  // saved under other candidates: a trial, as if none was saved
     std::fill(std::begin(k.agreedUs), std::end(k.agreedUs), 0.0);
     std::fill(std::begin(k.trialUs), std::end(k.trialUs), 0.0);
     return;

@@ -52,8 +52,8 @@
 // Saved choices: save() gives the settled classes (the kept one, every
 // candidate's agreed time), which the glue keeps beside the calibration
 // cache; the next group with that cache key seeds them. A seeded class
-// whose candidates all have a saved time skips its trial and starts at the
-// check of its kept choice: within kTrustRatio
+// whose saved choice is among its candidates skips its trial and starts at
+// the check of that choice: within kTrustRatio
 // of its saved time, it settles there (the next run of a job pays no trial);
 // over it, the machine is not what it was, and a trial follows.
 #pragma once
