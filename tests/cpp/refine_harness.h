@@ -39,17 +39,19 @@ inline Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uin
                     512 << 10, 2, ws, &t};
 }
 
-// The ops of a trial among `candidates` that all stay for `rounds` rounds of
-// `block` (the first: a block of the first, a probe of each other).
-inline int trialOps(int candidates, int block, int rounds) {
-  return block + (candidates - 1) * Refiner::probeFor(block) + (rounds - 1) * candidates * block;
+// The ops of a trial among `candidates` over `rounds` rounds of `block`: the
+// first, a block of the first candidate and a probe of each other; the
+// others, a block of each of the `later` that stay (all, if 0).
+inline int trialOps(int candidates, int block, int rounds, int later = 0) {
+  return block + (candidates - 1) * Refiner::probeFor(block) + (rounds - 1) * (later ? later : candidates) * block;
 }
 
-// Which of `candidates` runs trial op i, where all stay.
-inline int inTurn(int i, int candidates, int block) {
+// Which candidate runs trial op i: an index of the candidates in the first
+// round, of the `later` ones after it (all, if 0).
+inline int inTurn(int i, int candidates, int block, int later = 0) {
   const int probe = Refiner::probeFor(block), first = block + (candidates - 1) * probe;
   if (i < first) return i < block ? 0 : 1 + (i - block) / probe;
-  return (i - first) / block % candidates;
+  return (i - first) / block % (later ? later : candidates);
 }
 
 // The candidate of trial op i between direct (the model's choice) and ring.
@@ -81,25 +83,30 @@ inline int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorit
 }
 
 // Runs the trial that the model's `choice` starts, checking that its ops
-// take `order` in turn, each op taking us(algorithm), for `rounds` rounds
-// (1: the first round's block and probes, after which a candidate far behind
-// ends the trial; the caller's next op is the check).
+// take `order` in turn, each op taking us(algorithm): the first round, then
+// `rounds` - 1 of the `later` ones (all, if empty). The caller's next op is
+// the check. Where the candidates are far apart, the trial runs one round
+// where the first is the fastest, and two where another is (the first
+// meets it again).
 inline void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
                            const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us,
-                           int rounds = 1) {
-  const int candidates = int(order.size());
-  for (int i = 0; i < trialOps(candidates, block, rounds); ++i) {
+                           int rounds = 1, const std::vector<Algorithm>& later = {}) {
+  const int candidates = int(order.size()), rest = int(later.size());
+  for (int i = 0; i < trialOps(candidates, block, rounds, rest); ++i) {
     const Algorithm a = refiner.choose(c, bytes, choice);
-    CHECK(a == order[size_t(inTurn(i, candidates, block))], "trial op ", i, ": ", name(a));
+    const int at = inTurn(i, candidates, block, rest);
+    CHECK(a == (rest && i >= trialOps(candidates, block, 1) ? later : order)[size_t(at)], "trial op ", i, ": ", name(a));
     refiner.ran(us(a));
   }
 }
 
 // The trial between direct (the model's choice) and ring at kClose, each
-// op taking `directUs` or `ringUs`, far enough apart to end after its first round.
+// op taking `directUs` or `ringUs`, far enough apart to end after the first
+// round where direct is the faster, after the second where ring is.
 inline void runDirectRingTrial(Refiner& refiner, const Collective& c, double directUs, double ringUs) {
   runTrialInTurn(refiner, c, kClose, Algorithm::kDirect, {Algorithm::kDirect, Algorithm::kRing},
-                 blockAt(c.costs(), kClose), [&](Algorithm a) { return a == Algorithm::kDirect ? directUs : ringUs; });
+                 blockAt(c.costs(), kClose), [&](Algorithm a) { return a == Algorithm::kDirect ? directUs : ringUs; },
+                 ringUs < directUs ? 2 : 1);
 }
 
 // Checks in turn at kClose, from the op that ends the trial: each runs

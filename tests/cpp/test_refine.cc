@@ -25,9 +25,10 @@ namespace {
 
 // Rank 0 times direct faster (10 us against 20), ranks 1 and 2 ring (15
 // against 30): summed, ring wins (50 against 70 per trial pair), and every
-// rank keeps ring, rank 0 included. Ring's 1.4x is far behind: the trial
-// ends after its first round (direct's block, ring's probe). The first ops
-// of each block, slow after the switch, are left out of the times.
+// rank keeps ring, rank 0 included. Direct's 1.4x is far behind: the trial
+// ends after its second round (direct's block and ring's probe, then a block
+// of each, as ring challenges auto's own choice). The first ops of the first
+// round's block and probe, slow after the switch, are left out of the times.
 void testAgreementOverrulesOneClock() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose), skip = Refiner::skipped(block), rounds = roundsAt(t, kClose);
@@ -42,7 +43,7 @@ void testAgreementOverrulesOneClock() {
     refiner.onKept = [&](const std::string& s) { line = s; };
     refiner.onStale = [&](const std::string& s) { stale = s, ++staleCalls; };
     const Collective c = collective(*g.devices[r], t, ws);
-    for (int i = 0; i < trialOps(2, block, 1); ++i) {
+    for (int i = 0; i < trialOps(2, block, 2); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       const bool direct = a == Algorithm::kDirect;
@@ -66,7 +67,7 @@ void testAgreementOverrulesOneClock() {
     // the first), then tried a second time, where ring holds.
     CHECK(Refiner::confirmOpsFor(16.7) == 4096, "confirmOpsFor(16.7): ", Refiner::confirmOpsFor(16.7));
     runKept(refiner, c, Algorithm::kRing, 1.0, Refiner::confirmOpsFor(16.7));
-    for (int i = 0; i < trialOps(2, block, 1); ++i) {
+    for (int i = 0; i < trialOps(2, block, 2); ++i) {
       const bool direct = trialAlgorithm(i, block) == Algorithm::kDirect;
       CHECK(refiner.choose(c, kClose, Algorithm::kDirect) == trialAlgorithm(i, block), "the second trial, op ", i);
       refiner.ran(r == 0 ? (direct ? 10.0 : 20.0) : (direct ? 30.0 : 15.0));
@@ -150,8 +151,9 @@ void testSlowClassesTryLess() {
 }
 
 // Three algorithms predicted close: the trial runs direct's block, then a
-// probe of ring and of star. Star is the fastest, and the others, at 1.6x
-// and 5x, are too far behind to run another block: star is kept.
+// probe of ring and of star. Star is the fastest; ring, at 1.6x, is too far
+// behind to run another block, and direct (5x), auto's own choice, meets
+// star once more in a block of each before star is kept.
 void testThreeCandidates() {
   Tuning t = closeModel();
   t.cost[size_t(Algorithm::kStar)] = t.cost[size_t(Algorithm::kRing)];
@@ -164,7 +166,8 @@ void testThreeCandidates() {
     auto& [ws, refiner, line, c] = k;
     runTrialInTurn(refiner, c, kClose, Algorithm::kDirect, {Algorithm::kDirect, Algorithm::kRing, Algorithm::kStar},
                    blockAt(t, kClose),
-                   [](Algorithm a) { return a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 8.0 : 25.0; });
+                   [](Algorithm a) { return a == Algorithm::kStar ? 5.0 : a == Algorithm::kRing ? 8.0 : 25.0; }, 2,
+                   {Algorithm::kDirect, Algorithm::kStar});
     runCheck(refiner, c, kClose, Algorithm::kStar, 5.0);
     CHECK(line == "refined: 256 KiB: star (5.0 us) over direct (25.0 us), ring (8.0 us); auto's own choice was direct: "
                   "tried again after 4096 ops",
@@ -184,7 +187,7 @@ void testVaryingOpsPayForTheirSlowOnes() {
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
-    for (int i = 0; i < trialOps(2, block, 1); ++i) {
+    for (int i = 0; i < trialOps(2, block, 2); ++i) {
       const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
       CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial ", i, ": ", name(a));
       refiner.ran(a == Algorithm::kDirect ? (i % 4 == 3 ? 30.0 : 5.0) : i == block + 2 ? 5000.0 : 10.0);
@@ -230,6 +233,25 @@ void testTrialStaysWithinItsBudget() {
   }
 }
 
+// Direct's first block runs in a slow spell (40 us an op) and ring's probe
+// does not (30): ring, faster after one round, meets direct in a block of
+// each once more, where direct takes 21 and ring 34; the lower of each
+// one's two keeps direct, auto's own choice, and the trial ends there.
+void testOneSlowBlockDoesNotDisplaceTheFirst() {
+  const Tuning t = closeModel();
+  const int block = blockAt(t, kClose), first = trialOps(2, block, 1);
+  onEveryRank(t, [&](int r, Ranked& k) {
+    auto& [ws, refiner, line, c] = k;
+    for (int i = 0; i < trialOps(2, block, 2); ++i) {
+      const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
+      CHECK(a == trialAlgorithm(i, block), "rank ", r, " trial op ", i, ": ", name(a));
+      refiner.ran(a == Algorithm::kDirect ? (i < first ? 40.0 : 21.0) : i < first ? 30.0 : 34.0);
+    }
+    runCheck(refiner, c, kClose, Algorithm::kDirect, 21.0);
+    CHECK(line == "refined: 256 KiB: direct (21.0 us) over ring (30.0 us)", "rank ", r, ": ", line);
+  });
+}
+
 // A class of ops of tens of us runs the most rounds, and each candidate
 // counts its lower median block: direct's first two blocks fall in a slow
 // spell of the machine (24 us an op), its others take 20; ring steadily
@@ -272,7 +294,8 @@ void testSharedWindowsAreACandidate() {
     auto& [ws, refiner, line, c] = k;
     CHECK(useSharedWindows(c.transport, kClose), "rank ", r, ": no shared windows");
     runTrialInTurn(refiner, c, kClose, Algorithm::kShm, {Algorithm::kShm, Algorithm::kDirect, Algorithm::kRing}, block,
-                   [](Algorithm a) { return a == Algorithm::kRing ? 10.0 : a == Algorithm::kShm ? 12.0 : 25.0; });
+                   [](Algorithm a) { return a == Algorithm::kRing ? 10.0 : a == Algorithm::kShm ? 12.0 : 25.0; }, 2,
+                   {Algorithm::kShm, Algorithm::kRing});
     runCheck(refiner, c, kClose, Algorithm::kRing, 10.0, Algorithm::kShm);
     CHECK(line == "refined: 256 KiB: ring (10.0 us) over shm (12.0 us), direct (25.0 us); auto's own choice was shm: "
                   "tried again after 4096 ops",
@@ -296,7 +319,7 @@ void testOneRoundIsTriedAgainstDirect() {
     const double direct = 2.0 * predictAllreduceUs(t, Algorithm::kDirect, kRanks, 2, 1024);
     auto us = [&](Algorithm a) { return a == Algorithm::kDirect ? direct : a == Algorithm::kShm ? 1.2 * direct : 0.1; };
     const int block = Refiner::blockFor(direct / 2);
-    for (int i = 0; i < trialOps(2, block, 1); ++i) {  // 1.2x: far enough behind to end it after a round
+    for (int i = 0; i < trialOps(2, block, 2); ++i) {  // shm at 1.2x: far enough behind to end it after two rounds
       const Algorithm a = refiner.choose(c, 1024, Algorithm::kShm);
       CHECK(a == (inTurn(i, 2, block) == 0 ? Algorithm::kShm : Algorithm::kDirect), "rank ", r, " trial op ", i, ": ",
             name(a));
@@ -338,9 +361,10 @@ void testSharedWindowsJoinBelowTheirRule() {
       auto& [ws, refiner, line, c] = k;
       std::vector<Algorithm> order = {Algorithm::kDirect, Algorithm::kRing};
       if (mode == shm::Mode::kShm) order.push_back(Algorithm::kShm);
-      runTrialInTurn(refiner, c, kSmall, Algorithm::kDirect, order, block,
-                     [](Algorithm a) { return a == Algorithm::kShm ? 10.0 : a == Algorithm::kRing ? 12.0 : 25.0; });
       const Algorithm fastest = mode == shm::Mode::kShm ? Algorithm::kShm : Algorithm::kRing;
+      runTrialInTurn(refiner, c, kSmall, Algorithm::kDirect, order, block,
+                     [](Algorithm a) { return a == Algorithm::kShm ? 10.0 : a == Algorithm::kRing ? 12.0 : 25.0; }, 2,
+                     {Algorithm::kDirect, fastest});
       runCheck(refiner, c, kSmall, fastest, 10.0);
       CHECK(refiner.kept(kSmall, Algorithm::kDirect) == fastest, "rank ", r, ": kept ",
             name(refiner.kept(kSmall, Algorithm::kDirect)));
@@ -404,6 +428,7 @@ int main() {
   testVaryingOpsPayForTheirSlowOnes();
   testCheapClassesTryInMoreRounds();
   testTrialStaysWithinItsBudget();
+  testOneSlowBlockDoesNotDisplaceTheFirst();
   testSharedWindowsAreACandidate();
   testOneRoundIsTriedAgainstDirect();
   testSharedWindowsJoinBelowTheirRule();

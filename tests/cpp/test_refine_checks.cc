@@ -55,9 +55,10 @@ void testTrialFarSlowerThanTheModelIsTriedAgain() {
         CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "kept op ", i);
         refiner.ran(50000.0);
       }
-      runTrialInTurn(refiner, c, kBig, Algorithm::kDirect, order, block, [&](Algorithm a) {
-        return a == Algorithm::kDirect ? (passed ? 15000.0 : 60000.0) : passed ? 9000.0 : 80000.0;
-      });
+      runTrialInTurn(
+          refiner, c, kBig, Algorithm::kDirect, order, block,
+          [&](Algorithm a) { return a == Algorithm::kDirect ? (passed ? 15000.0 : 60000.0) : passed ? 9000.0 : 80000.0; },
+          passed ? 2 : 1);
       const Algorithm kept = passed ? Algorithm::kRing : Algorithm::kDirect;
       runCheck(refiner, c, kBig, kept, passed ? 9000.0 : 50000.0);
       CHECK(line == (passed ? "refined: 16 MiB: ring (9000.0 us) over direct (15000.0 us)"

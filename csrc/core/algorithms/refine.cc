@@ -214,6 +214,10 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
     cost += more;
     ops += k.block;
   }
+  // A challenger faster after one round meets the first candidate (auto's
+  // own choice) in full blocks once more before it may displace it: one
+  // block of it in a slow spell, against a probe, must not decide.
+  if (k.round == 0 && best != 0) stays[0] = true;
   int left = 0;
   for (int j = 0; j < k.activeCount; ++j) {
     if (stays[k.active[j]]) k.active[left++] = k.active[j];

@@ -16,7 +16,9 @@
 //            what the trial's ops took; fastest first, a candidate stays
 //            for the next round only while the trial, its next block
 //            included, costs at most kTrialBudget over the fastest's time
-//            for as many ops. The class keeps the fastest
+//            for as many ops; where the first round's fastest is not the
+//            first candidate, the first stays for one more round whatever it
+//            costs. The class keeps the fastest
 //   check    C ops (checkOpsFor) of the kept one; over kSwitchRatio times
 //            another's trial time, or over another's checked time, it gives
 //            way to that one, which is checked too, and the one left is
