@@ -21,12 +21,11 @@ Times are per op, the max over ranks.
 This machine's speed comes in modes that a job can enter and leave at any
 time (an all-reduce of 1 MiB in 140 us or in 470 us, for seconds at a time,
 MPI's alike), so the cold and warm phases of one run may differ by the mode
-alone. What auto's trials cost is measured apart, in the same phase:
-"trial excess" sums, over the ops of the algorithms the class did not keep
-(cold and settle phases, rank 0's in-op times from get_stats), their time
-over the kept algorithm's mean, in ops of the kept algorithm; "/100" is
-that over the first 100 ops' kept time (a trial within those ops adds that
-much to them).
+alone. What auto's trials cost is measured apart, within the cold ops:
+"trial excess" sums, over the cold ops of the algorithms the class did not
+keep, their time over the kept algorithm's mean in the same ops (rank 0's
+in-op times, from get_stats), in ops of the kept algorithm; "x" is the
+cold ops' time over what they would have taken at that mean.
 
     .venv/bin/python benchmarks/cold_start.py --ranks 2 --repeats 3
 """
@@ -59,18 +58,16 @@ def worker(args):
         ts = run_ops(group, bufs[b], args.ops)
         rows.append({"bytes": b, "cold_us": agreed_max((ts[-1] - ts[0]) / args.ops * 1e6),
                      "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
-                     "gained": merge({}, before, torchcollx.get_stats(group)["algorithms"])})
+                     "cold_ops": gained(before, torchcollx.get_stats(group)["algorithms"])})
     for row in rows:  # settle: every rank stops at the same op, by the agreed flags
         b, start = row["bytes"], time.perf_counter()
         while True:
-            before = torchcollx.get_stats(group)["algorithms"]
             run_ops(group, bufs[b], 20)
-            row["gained"] = merge(row["gained"], before, torchcollx.get_stats(group)["algorithms"])
             still, late = agreed_max(float(backend.refining(b)), float(time.perf_counter() - start > args.settle_s))
             if not still or late:
                 row["settled"] = not still
                 break
-        row["trial_excess_ops"] = trial_excess(row["gained"], backend.choose_allreduce(b))
+        row["trial_excess_ops"] = trial_excess(row["cold_ops"], backend.choose_allreduce(b))
     forced = ["ring", "tree", "star", "direct"] + (["shm"] if "shared memory" in backend.transport else [])
     groups = {"auto": group, **{a: dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=a))
                                 for a in forced}}
@@ -87,26 +84,25 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def merge(total, before, after):
-    """total plus the calls and seconds each algorithm gained from before to after."""
-    out = {k: dict(v) for k, v in total.items()}
+def gained(before, after):
+    """The calls and seconds each algorithm gained from before to after (get_stats)."""
+    out = {}
     for k, v in after.items():
-        d = out.setdefault(k, {"calls": 0, "seconds": 0.0})
-        d["calls"] += v["calls"] - before.get(k, {}).get("calls", 0)
-        d["seconds"] += v["seconds"] - before.get(k, {}).get("seconds", 0.0)
+        calls = v["calls"] - before.get(k, {}).get("calls", 0)
+        if calls:
+            out[k] = {"calls": calls, "seconds": v["seconds"] - before.get(k, {}).get("seconds", 0.0)}
     return out
 
 
-def trial_excess(gained, kept):
+def trial_excess(ops, kept):
     """The time the ops of algorithms other than `kept` took over as many of
-    kept's mean op, in ops of kept; `gained` holds only this size's ops
-    (merge's sums over its cold and settle phases)."""
-    k = gained.get(f"all_reduce/{kept}")
-    if not k or not k["calls"]:
+    kept's mean op among `ops` (gained's), in ops of kept; 0 where kept did
+    not run among them."""
+    k = ops.get(f"all_reduce/{kept}")
+    if not k:
         return 0.0
     kept_s = k["seconds"] / k["calls"]
-    extra = sum(v["seconds"] - v["calls"] * kept_s for a, v in gained.items() if a != f"all_reduce/{kept}")
-    return extra / kept_s
+    return sum(v["seconds"] - v["calls"] * kept_s for a, v in ops.items() if a != f"all_reduce/{kept}") / kept_s
 
 
 def run_job(args, cache, out):
@@ -139,7 +135,7 @@ def main():
     print(f"n={args.ranks}, float32 SUM; first {args.ops} ops per size, cold; medians over {args.repeats} repeats; "
           "us per op, max over ranks")
     print("| run | bytes | cold mean | first op | warm auto | best forced (warm) | cold/warm | cold/best | "
-          "warm/best | trial excess (ops) | /100 | settled |")
+          "warm/best | trial excess (ops) | x | settled |")
     print("|---" * 12 + "|")
     for label, reps in runs.items():
         for j, row in enumerate(reps[0]["rows"]):
@@ -153,7 +149,7 @@ def main():
                   f"{med(lambda r: r['cold_us'] / min(r['forced_us'].values())):.2f} | "
                   f"{med(lambda r: r['warm_us'] / min(r['forced_us'].values())):.2f} | "
                   f"{med(lambda r: r['trial_excess_ops']):.1f} | "
-                  f"{1 + med(lambda r: r['trial_excess_ops']) / args.ops:.3f} | "
+                  f"{med(lambda r: 1 + r['trial_excess_ops'] / args.ops):.3f} | "
                   f"{sum(r['rows'][j].get('settled', False) for r in reps)}/{len(reps)} |")
     for label, reps in runs.items():
         print(f"{label} run: the group's first 4-byte all-reduce took "
