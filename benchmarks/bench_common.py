@@ -1,6 +1,7 @@
 """Helpers shared by the benchmark scripts (sizes, iteration bounds, a max
-over ranks through the gloo default group, timed all-reduces, the
-interleaved rounds, and torchrun jobs whose rank 0 writes JSON)."""
+over ranks through the gloo default group, what a collx group's stats
+gained, timed all-reduces, the interleaved rounds, and torchrun jobs whose
+rank 0 writes JSON)."""
 import json
 import os
 import random
@@ -56,6 +57,17 @@ def compare_to_gloo(row, gloo_row, is_gloo):
         row["vs_gloo"] = row["time_us"] / gloo_row["time_us"]
         row["busbw_x"] = row["busbw"] / gloo_row["busbw"]
     return gloo_row
+
+
+def stats_gained(before, after):
+    """The calls and seconds each of torchcollx.get_stats()["algorithms"]'s
+    entries gained from `before` to `after`, those that ran only."""
+    out = {}
+    for k, v in after.items():
+        calls = v["calls"] - before.get(k, {}).get("calls", 0)
+        if calls:
+            out[k] = {"calls": calls, "seconds": v["seconds"] - before.get(k, {}).get("seconds", 0.0)}
+    return out
 
 
 def run_ops(group, buf, k, algorithm=None):

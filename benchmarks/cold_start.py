@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import torchcollx  # noqa: F401  (registers the collx backend)
-from bench_common import agreed_max, interleaved_medians, parse_size, run_ops, torchrun_json
+import torchcollx
+from bench_common import agreed_max, interleaved_medians, parse_size, run_ops, stats_gained, torchrun_json
 
 
 def worker(args):
@@ -58,7 +58,7 @@ def worker(args):
         ts = run_ops(group, bufs[b], args.ops)
         rows.append({"bytes": b, "cold_us": agreed_max((ts[-1] - ts[0]) / args.ops * 1e6),
                      "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
-                     "cold_ops": gained(before, torchcollx.get_stats(group)["algorithms"])})
+                     "cold_ops": stats_gained(before, torchcollx.get_stats(group)["algorithms"])})
     for row in rows:  # settle: every rank stops at the same op, by the agreed flags
         b, start = row["bytes"], time.perf_counter()
         while True:
@@ -84,19 +84,9 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def gained(before, after):
-    """The calls and seconds each algorithm gained from before to after (get_stats)."""
-    out = {}
-    for k, v in after.items():
-        calls = v["calls"] - before.get(k, {}).get("calls", 0)
-        if calls:
-            out[k] = {"calls": calls, "seconds": v["seconds"] - before.get(k, {}).get("seconds", 0.0)}
-    return out
-
-
 def trial_excess(ops, kept):
     """The time the ops of algorithms other than `kept` took over as many of
-    kept's mean op among `ops` (gained's), in ops of kept; 0 where kept did
+    kept's mean op among `ops` (stats_gained's), in ops of kept; 0 where kept did
     not run among them."""
     k = ops.get(f"all_reduce/{kept}")
     if not k:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, compare_to_gloo, parse_sizes
+from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, compare_to_gloo, parse_sizes, stats_gained
 
 OPS = ["reduce_scatter", "all_gather", "broadcast", "all_to_all", "reduce"]
 ROOT = 0
@@ -156,9 +156,8 @@ def time_point(name, point, args):
 
 def collx_label(group, before):
     import torchcollx
-    now = torchcollx.get_stats(group)["algorithms"]
-    grown = {k: v["calls"] - before.get(k, {"calls": 0})["calls"] for k, v in now.items()}
-    grown = {k: c for k, c in grown.items() if c > 0 and not k.startswith("barrier")}
+    grown = {k: v["calls"] for k, v in stats_gained(before, torchcollx.get_stats(group)["algorithms"]).items()
+             if not k.startswith("barrier")}
     return max(grown, key=grown.get) if grown else "?"
 
 

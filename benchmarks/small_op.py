@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import torchcollx
-from bench_common import agreed_max, parse_size, torchrun_json
+from bench_common import agreed_max, parse_size, stats_gained, torchrun_json
 
 
 def worker(args):
@@ -50,10 +50,9 @@ def worker(args):
             if agreed_max(float(time.perf_counter() - start > args.seconds)):
                 break
         per_call = agreed_max((time.perf_counter() - start) / ops * 1e6)
-        after = torchcollx.get_stats(group)["algorithms"]
-        ran = {k: v for k, v in after.items() if v["calls"] != before.get(k, {}).get("calls", 0)}
-        calls = sum(v["calls"] - before.get(k, {}).get("calls", 0) for k, v in ran.items())
-        secs = sum(v["seconds"] - before.get(k, {}).get("seconds", 0.0) for k, v in ran.items())
+        ran = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
+        calls = sum(v["calls"] for v in ran.values())
+        secs = sum(v["seconds"] for v in ran.values())
         rows.append({"bytes": nbytes, "per_call_us": per_call, "in_op_us": secs / calls * 1e6,
                      "algorithms": sorted(k.split("/")[-1] for k in ran)})
     if dist.get_rank() == 0:
