@@ -1,11 +1,13 @@
-"""Where a small all-reduce's time goes: torch's per-call floor, collx's op,
+"""Where a small collective's time goes: torch's per-call floor, collx's op,
 and the wait for the peers (issue 35, item 2).
 
 For each setting it runs a torchrun job at n=1 (a one-rank group: the floor,
-every layer but the peers) and at n=2, each timing back-to-back
-dist.all_reduce calls of each size on a collx group (auto), and prints:
+every layer but the peers) and at n=2, each timing back-to-back calls of each
+op (dist.all_reduce by default; --ops adds all_gather_single,
+reduce_scatter_single and broadcast) and size on a collx group (auto), and
+prints:
 
-  per call   wall time per dist.all_reduce, max over ranks
+  per call   wall time per call, max over ranks
   in op      the op's own run (get_stats' seconds per call of its algorithm:
              the algorithm, its waits for the peers, from the op's start on
              collx's side to its end), rank 0
@@ -15,6 +17,10 @@ Settings: as users run (the flight recorder on, torch's default), and with
 TORCH_FR_BUFFER_SIZE=0 (no recorder entries).
 
     .venv/bin/python benchmarks/small_op.py [--sizes 4,4K,64K] [--seconds 2]
+    .venv/bin/python benchmarks/small_op.py --ops all_gather,reduce_scatter --settings default
+
+The size is the larger buffer's bytes (all_gather's output, reduce_scatter's
+input), rounded down to whole blocks of the group's size.
 """
 import argparse
 import json
@@ -29,63 +35,89 @@ import torchcollx
 from bench_common import agreed_max, parse_size, stats_gained, torchrun_json
 
 
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def call_of(op, nbytes, n, group):
+    """The call that times `op` on a buffer of `nbytes` (the larger one)."""
+    count = max(n, nbytes // 4 // n * n)
+    if op == "all_reduce":
+        t = torch.ones(count)
+        return lambda: dist.all_reduce(t, group=group)
+    if op == "all_gather":
+        inp, out = torch.ones(count // n), torch.empty(count)
+        return lambda: dist.all_gather_single(out, inp, group=group)
+    if op == "reduce_scatter":
+        inp, out = torch.ones(count), torch.empty(count // n)
+        return lambda: dist.reduce_scatter_single(out, inp, group=group)
+    t = torch.ones(count)
+    return lambda: dist.broadcast(t, 0, group=group)
+
+
 def worker(args):
     dist.init_process_group("gloo")
     group = dist.new_group(backend="collx")
     backend = group._get_backend(torch.device("cpu"))
+    n = dist.get_world_size()
     rows = []
-    for nbytes in (parse_size(s) for s in args.sizes.split(",")):
-        t = torch.ones(max(1, nbytes // 4))
-        for _ in range(100):  # past auto's trials of this size, alike on every rank
-            for _ in range(500):
-                dist.all_reduce(t, group=group)
-            if not agreed_max(float(backend.refining(nbytes))):
-                break
-        before = torchcollx.get_stats(group)["algorithms"]
-        ops, start = 0, time.perf_counter()
-        while True:  # rounds of 500 calls, every rank stopping at the same one
-            for _ in range(500):
-                dist.all_reduce(t, group=group)
-            ops += 500
-            if agreed_max(float(time.perf_counter() - start > args.seconds)):
-                break
-        per_call = agreed_max((time.perf_counter() - start) / ops * 1e6)
-        ran = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
-        calls = sum(v["calls"] for v in ran.values())
-        secs = sum(v["seconds"] for v in ran.values())
-        rows.append({"bytes": nbytes, "per_call_us": per_call, "in_op_us": secs / calls * 1e6,
-                     "algorithms": sorted(k.split("/")[-1] for k in ran)})
+    for op in args.ops.split(","):
+        for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+            call = call_of(op, nbytes, n, group)
+            for _ in range(100):  # past auto's trials of this size, alike on every rank
+                for _ in range(500):
+                    call()
+                if op != "all_reduce" or not agreed_max(float(backend.refining(nbytes))):
+                    break
+            before = torchcollx.get_stats(group)["algorithms"]
+            ops, start = 0, time.perf_counter()
+            while True:  # rounds of 500 calls, every rank stopping at the same one
+                for _ in range(500):
+                    call()
+                ops += 500
+                if agreed_max(float(time.perf_counter() - start > args.seconds)):
+                    break
+            per_call = agreed_max((time.perf_counter() - start) / ops * 1e6)
+            ran = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
+            calls = sum(v["calls"] for v in ran.values())
+            secs = sum(v["seconds"] for v in ran.values())
+            rows.append({"op": op, "bytes": nbytes, "per_call_us": per_call, "in_op_us": secs / calls * 1e6,
+                         "algorithms": sorted(k.split("/")[-1] for k in ran)})
     if dist.get_rank() == 0:
         Path(args.json).write_text(json.dumps(rows))
     dist.destroy_process_group()
 
 
 def run(n, env, args, out):
-    return torchrun_json(Path(__file__).resolve(), n, ["--worker", "--sizes", args.sizes, "--seconds", str(args.seconds)],
-                         out, env=env)
+    return torchrun_json(Path(__file__).resolve(), n, ["--worker", "--ops", args.ops, "--sizes", args.sizes,
+                                                       "--seconds", str(args.seconds)], out, env=env)
+
+
+SETTINGS = {"default": ("recorder on (default)", {}),
+            "no-recorder": ("TORCH_FR_BUFFER_SIZE=0", {"TORCH_FR_BUFFER_SIZE": "0"})}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", default="all_reduce", help=f"comma-separated, of {','.join(OPS)}")
     p.add_argument("--sizes", default="4,4K,64K")
     p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per size")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {','.join(SETTINGS)}")
     p.add_argument("--json", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    settings = {"recorder on (default)": {}, "TORCH_FR_BUFFER_SIZE=0": {"TORCH_FR_BUFFER_SIZE": "0"}}
     print("us per call; 'in op': the op's run on collx's side (get_stats), rank 0")
-    print("| setting | bytes | n=1 per call | n=1 in op | n=2 per call | n=2 in op | n=2 algorithm | beyond n=1 |")
-    print("|---" * 8 + "|")
+    print("| setting | op | bytes | n=1 per call | n=1 in op | n=2 per call | n=2 in op | n=2 algorithm | beyond n=1 |")
+    print("|---" * 9 + "|")
     with tempfile.TemporaryDirectory() as tmp:
-        for label, env in settings.items():
+        for label, env in (SETTINGS[s] for s in args.settings.split(",")):
             one = run(1, env, args, f"{tmp}/one.json")
             two = run(2, env, args, f"{tmp}/two.json")
             for a, b in zip(one, two):
-                print(f"| {label} | {a['bytes']} | {a['per_call_us']:.2f} | {a['in_op_us']:.2f} | "
+                print(f"| {label} | {b['op']} | {a['bytes']} | {a['per_call_us']:.2f} | {a['in_op_us']:.2f} | "
                       f"{b['per_call_us']:.2f} | {b['in_op_us']:.2f} | {'/'.join(b['algorithms'])} | "
-                      f"{b['per_call_us'] - a['per_call_us']:.2f} |")
+                      f"{b['per_call_us'] - a['per_call_us']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,42 @@ def check_reduce_scatter(rank, ws, fail):
         print(f"[rank 0] check_reduce_scatter: gloo oracle skipped for {gloo_unsupported}", flush=True)
 
 
+def check_reduce_scatter_layouts(rank, ws, fail):
+    """reduce_scatter_single and reduce_scatter_tensor on the layouts users
+    pass: a non-contiguous input ((ws, n) through a transpose), a
+    non-contiguous output, and in place (the output is this rank's block of the
+    input). Small and large blocks (messages and shared memory), SUM, AVG and
+    PREMUL_SUM; the input must come out unchanged wherever it is not the output."""
+    for block in (7, 20000):
+        for op in ("SUM", "AVG", "PREMUL_SUM"):
+            salt = block % 89
+            x = gen(rank, torch.float32, op, ws * block, salt)
+            want = _rs_expected(ws, rank, torch.float32, op, block, salt)
+            rtol, atol = tolerance(torch.float32, op)
+            where = f"{op} block={block}"
+            strided_in = x.view(ws, block).t().contiguous().t()  # (ws, block), column-major
+            out = torch.full((block,), -1.0)
+            dist.reduce_scatter_single(out, strided_in, op=reduce_op(op))
+            if m := mismatch(out, want, rtol, atol):
+                fail(f"reduce_scatter_single from a non-contiguous input {where}: {m}")
+            if m := mismatch(strided_in.reshape(-1), x):
+                fail(f"reduce_scatter_single {where}: the non-contiguous input was modified: {m}")
+            wide = torch.full((block, 2), -1.0)
+            dist.reduce_scatter_tensor(wide[:, 0], x.clone(), op=reduce_op(op))
+            if m := mismatch(wide[:, 0], want, rtol, atol):
+                fail(f"reduce_scatter_tensor into a non-contiguous output {where}: {m}")
+            if m := mismatch(wide[:, 1], torch.full((block,), -1.0)):
+                fail(f"reduce_scatter_tensor {where}: wrote outside its strided output: {m}")
+            inp = x.clone()
+            mine = inp[rank * block:(rank + 1) * block]
+            dist.reduce_scatter_tensor(mine, inp, op=reduce_op(op))
+            if m := mismatch(mine, want, rtol, atol):
+                fail(f"reduce_scatter_tensor in place {where}: {m}")
+            others = torch.cat([inp[:rank * block], inp[(rank + 1) * block:]])
+            if m := mismatch(others, torch.cat([x[:rank * block], x[(rank + 1) * block:]])):
+                fail(f"reduce_scatter_tensor in place {where}: the other blocks were modified: {m}")
+
+
 def check_coalescing_manager_reduce_scatter(rank, ws, fail):
     """_coalescing_manager around several reduce_scatter_tensor (one
     reduce_scatter_tensor_coalesced call), SUM and AVG, sync and async."""
@@ -182,6 +218,7 @@ def check_coalescing_manager_all_reduce(rank, ws, fail):
 SUITE_CHECKS = [
     check_reduce,
     check_reduce_scatter,
+    check_reduce_scatter_layouts,
     check_coalescing_manager_reduce_scatter,
     check_coalescing_manager_all_reduce,
 ]

@@ -17,13 +17,16 @@ void checkRoot(int64_t root, int size, const char* op, int rank) {
   }
 }
 
-// All-gather of `input` into the contiguous `flat` (world_size x input).
-std::string allgatherInto(const Collective& c, const at::Tensor& input, at::Tensor& flat) {
-  const int64_t n = input.numel();
-  flat.narrow(0, c.rank() * n, n).copy_(input.reshape(-1));
-  collx::allgather(c, flat.data_ptr(), size_t(n));
-  if (useSharedWindows(c.transport, size_t(flat.nbytes()))) return "all_gather/shm";
-  return allgatherDirect(c.size(), size_t(input.nbytes())) ? "all_gather/direct" : "all_gather/ring";
+// All-gather of the contiguous `input` into the contiguous `flat` (world_size
+// x input), on raw memory: a small op's time is mostly its calls, and each
+// tensor op costs a dispatch.
+std::string allgatherInto(const Collective& c, const at::Tensor& input, void* flat) {
+  const size_t bytes = input.nbytes();
+  char* const mine = static_cast<char*>(flat) + size_t(c.rank()) * bytes;
+  if (mine != input.data_ptr()) std::memmove(mine, input.data_ptr(), bytes);  // input may lie in flat
+  collx::allgather(c, flat, size_t(input.numel()));
+  if (useSharedWindows(c.transport, bytes * size_t(c.size()))) return "all_gather/shm";
+  return allgatherDirect(c.size(), bytes) ? "all_gather/direct" : "all_gather/ring";
 }
 
 }  // namespace
@@ -104,7 +107,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
         at::Tensor flat = scratchTensor(copies_, inputs[i].numel() * c.size(), inputs[i].options());
-        label = allgatherInto(c, inputs[i], flat);
+        label = allgatherInto(c, contiguousOf(inputs[i]), flat.data_ptr());
         scatterBack(flat, outputs[i]);
       }
       return label;
@@ -132,7 +135,6 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
       fail(op, rank_, collx::str("got ", outputs.size(), " outputs for ", inputs.size(), " inputs"));
     }
     const DataType dtype = checkTensor(inputs[0], op, rank_);
-    std::vector<at::Tensor> flats;
     for (size_t i = 0; i < inputs.size(); ++i) {
       checkTensor(inputs[i], op, rank_);
       checkTensor(outputs[i], op, rank_);
@@ -141,13 +143,18 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
                                    inputs[i].scalar_type(), ", got ", outputs[i].numel(), " x ",
                                    outputs[i].scalar_type()));
       }
-      flats.push_back(contiguousOf(outputs[i]).view(-1));
     }
-    auto body = [inputs, outputs, flats](const Collective& c) mutable {
+    auto body = [inputs, outputs](const Collective& c) {
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        label = allgatherInto(c, inputs[i], flats[i]);
-        if (flats[i].data_ptr() != outputs[i].data_ptr()) outputs[i].copy_(flats[i].view(outputs[i].sizes()));
+        const at::Tensor input = contiguousOf(inputs[i]);  // read when the op runs
+        if (outputs[i].is_contiguous()) {
+          label = allgatherInto(c, input, outputs[i].data_ptr());
+        } else {
+          at::Tensor flat = at::empty_like(outputs[i], at::MemoryFormat::Contiguous);
+          label = allgatherInto(c, input, flat.data_ptr());
+          outputs[i].copy_(flat);
+        }
       }
       return label;
     };

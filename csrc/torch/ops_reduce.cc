@@ -1,5 +1,7 @@
 // The reducing ops of CollxBackend: all_reduce (and its coalesced and
 // per-call-algorithm forms), reduce, reduce_scatter.
+#include <cstring>
+
 #include "backend.h"
 #include "core/algorithms/tuning.h"
 #include "op_helpers.h"
@@ -158,30 +160,34 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
   });
 }
 
-// Reduce-scatter of `blocks` (n tensors of `out`'s size) into `out`. In
-// shared memory it reads the blocks where they lie; the ring needs a private
-// copy of them, which it reduces in place.
+// Reduce-scatter of `blocks` (n contiguous blocks of `count` elements) into
+// the contiguous `out`, on raw memory: a small op's time is mostly its calls,
+// and each tensor op costs a dispatch. In shared memory it reads the blocks
+// where they lie; the ring needs a private copy of them, which it reduces in
+// place.
 static std::string reduceScatterInto(Workspace& copies, const Collective& c, const ResolvedOp& r, DataType dtype,
-                                     const std::vector<at::Tensor>& blocks, const at::Tensor& out) {
-  const size_t block = size_t(out.numel());
-  if (!r.premul && useSharedWindows(c.transport, block * size_t(c.size()) * elementSize(dtype))) {
-    std::vector<at::Tensor> ins;
-    std::vector<const void*> ptrs;
-    for (const auto& b : blocks) {
-      ins.push_back(contiguousOf(b));
-      ptrs.push_back(ins.back().data_ptr());
-    }
-    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
-    shmReduceScatter(c, ptrs, dst.data_ptr(), block, r.fn);
-    if (r.average) divideInPlace(dtype, dst.data_ptr(), block, c.size());
-    if (!dst.is_same(out)) out.copy_(dst);
+                                     const std::vector<const void*>& blocks, void* out, size_t count) {
+  const size_t blockBytes = count * elementSize(dtype);
+  if (!r.premul && useSharedWindows(c.transport, blockBytes * size_t(c.size()))) {
+    shmReduceScatter(c, blocks, out, count, r.fn);
+    if (r.average) divideInPlace(dtype, out, count, c.size());
     return "reduce_scatter/shm";
   }
-  at::Tensor work = flatCopy(copies, blocks);
-  withScaling(r, dtype, work.data_ptr(), block * c.size(), c.size(),
-              [&] { reduceScatter(c, work.data_ptr(), block, r.fn); });
-  out.copy_(work.narrow(0, int64_t(block) * c.rank(), int64_t(block)).view(out.sizes()));
+  char* work = copies.get(std::max<size_t>(1, blockBytes * size_t(c.size())));
+  for (size_t q = 0; q < blocks.size(); ++q) std::memcpy(work + q * blockBytes, blocks[q], blockBytes);
+  withScaling(r, dtype, work, count * size_t(c.size()), c.size(), [&] { reduceScatter(c, work, count, r.fn); });
+  std::memcpy(out, work + size_t(c.rank()) * blockBytes, blockBytes);
   return "reduce_scatter/ring";
+}
+
+// Runs `run(outPtr)` into `out`, through a contiguous copy where it is not.
+template <typename Run>
+static std::string intoContiguous(const at::Tensor& out, Run&& run) {
+  if (out.is_contiguous()) return run(out.data_ptr());
+  at::Tensor dst = at::empty_like(out, at::MemoryFormat::Contiguous);
+  std::string label = run(dst.data_ptr());
+  out.copy_(dst);
+  return label;
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -200,7 +206,15 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tens
     checkSameShape(inputs[0], outputs[0], op, rank_, "input");
     const ResolvedOp r = asDistError(op, rank_, [&] { return resolveOp(opts.reduceOp, dtype, op, rank_); });
     auto body = [this, in = inputs[0], out = outputs[0], r, dtype](const Collective& c) {
-      return reduceScatterInto(copies_, c, r, dtype, in, out);
+      std::vector<at::Tensor> blocks;  // read when the op runs
+      std::vector<const void*> ptrs;
+      for (const auto& b : in) {
+        blocks.push_back(contiguousOf(b));
+        ptrs.push_back(blocks.back().data_ptr());
+      }
+      return intoContiguous(out, [&](void* dst) {
+        return reduceScatterInto(copies_, c, r, dtype, ptrs, dst, size_t(out.numel()));
+      });
     };
     return enqueue(c10d::OpType::REDUCE_SCATTER, OpKind::kReduceScatter, dtype, outputs,
                    opTimeout(opts.timeout, timeout()), std::move(body), true, allOf(inputs));
@@ -238,11 +252,14 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter_tensor_coalesced(std
       std::string label;
       for (size_t i = 0; i < ins.size(); ++i) {
         // The blocks are read when the op runs.
-        const int64_t block = outs[i].numel();
-        const at::Tensor flat = ins[i].reshape(-1);
-        std::vector<at::Tensor> blocks;
-        for (int q = 0; q < c.size(); ++q) blocks.push_back(flat.narrow(0, q * block, block));
-        label = reduceScatterInto(copies_, c, r, dtype, blocks, outs[i]);
+        const size_t count = size_t(outs[i].numel());
+        const at::Tensor in = contiguousOf(ins[i]);
+        const char* base = static_cast<const char*>(in.data_ptr());
+        std::vector<const void*> blocks;
+        for (int q = 0; q < c.size(); ++q) blocks.push_back(base + size_t(q) * count * elementSize(dtype));
+        label = intoContiguous(outs[i], [&](void* dst) {
+          return reduceScatterInto(copies_, c, r, dtype, blocks, dst, count);
+        });
       }
       return label;
     };
