@@ -336,7 +336,7 @@ class CollxBackend : public c10d::Backend {
   Workspace workspace_;  // the algorithms' scratch; one op runs at a time
   Tuning tuning_ = Tuning::table();  // auto's cost model, fitted at creation
   std::unique_ptr<Refiner> refiner_ = std::make_unique<Refiner>();  // its online refinement (calibrate)
-  Workspace copies_;     // the glue's private copies of inputs (flatCopy, scratchTensor)
+  Workspace copies_;     // the glue's private copies of inputs (flatCopy)
   std::unique_ptr<PeerAllreduce> peers_ =
       std::make_unique<PeerAllreduce>(config_.peerBufferBytes, config_.logLevel);  // executor thread only
   std::mutex coalesceMutex_;

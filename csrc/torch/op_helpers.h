@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <exception>
 
 #include "backend.h"
@@ -38,37 +39,55 @@ inline std::chrono::milliseconds opTimeout(std::chrono::milliseconds opt, std::c
 // Contiguous tensors run in place; others through a contiguous copy.
 inline at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
+// The glue moves bytes between tensors and flat buffers with memcpy where a
+// tensor is contiguous: a small op's time is mostly its calls, and each
+// tensor op costs a dispatch (docs/measurements.md). Others go through a
+// tensor over the flat bytes. Tensors here are CPU ones (staging mirrors
+// device tensors first).
+inline at::Tensor overBytes(void* bytes, const at::Tensor& like) {
+  return at::from_blob(bytes, like.sizes(), like.options().device(at::kCPU));
+}
+
 // Copies consecutive slices of `flat` into `outputs`, unless `flat` already
 // is the storage of the single output.
-inline void scatterBack(const at::Tensor& flat, const std::vector<at::Tensor>& outputs) {
-  if (outputs.size() == 1 && outputs[0].data_ptr() == flat.data_ptr() && outputs[0].is_contiguous()) return;
-  int64_t offset = 0;
+inline void scatterBack(const void* flat, const std::vector<at::Tensor>& outputs) {
+  if (outputs.size() == 1 && outputs[0].data_ptr() == flat && outputs[0].is_contiguous()) return;
+  const char* from = static_cast<const char*>(flat);
   for (const auto& out : outputs) {
-    out.copy_(flat.narrow(0, offset, out.numel()).view(out.sizes()));
-    offset += out.numel();
+    if (out.is_contiguous()) {
+      std::memcpy(out.data_ptr(), from, out.nbytes());
+    } else {
+      out.copy_(overBytes(const_cast<char*>(from), out));
+    }
+    from += out.nbytes();
   }
 }
 
-// A flat tensor of `numel` elements over `ws`'s memory, valid until the next
-// use of `ws`. A private copy of a large tensor in fresh memory costs as much
-// as the collective (page faults: 64 MB took ~20 ms); the workspace keeps its
-// pages from op to op.
-inline at::Tensor scratchTensor(Workspace& ws, int64_t numel, const at::TensorOptions& options) {
-  const size_t bytes = size_t(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
-  return at::from_blob(ws.get(std::max<size_t>(bytes, 1)), {numel}, options.device(at::kCPU));
-}
-
-// One flat contiguous copy of `tensors`, in order, in `ws` (inputs stay untouched).
-inline at::Tensor flatCopy(Workspace& ws, const std::vector<at::Tensor>& tensors) {
-  int64_t numel = 0;
-  for (const auto& t : tensors) numel += t.numel();
-  at::Tensor flat = scratchTensor(ws, numel, tensors[0].options());
-  int64_t offset = 0;
+// One flat contiguous copy of `tensors`, in order, in `ws` (inputs stay
+// untouched), valid until the next use of `ws`. A private copy of a large
+// tensor in fresh memory costs as much as the collective (page faults: 64 MB
+// took ~20 ms); the workspace keeps its pages from op to op.
+inline char* flatCopy(Workspace& ws, const std::vector<at::Tensor>& tensors) {
+  size_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.nbytes();
+  char* const flat = ws.get(std::max<size_t>(bytes, 1));
+  char* to = flat;
   for (const auto& t : tensors) {
-    flat.narrow(0, offset, t.numel()).copy_(t.reshape(-1));
-    offset += t.numel();
+    if (t.is_contiguous()) {
+      std::memcpy(to, t.data_ptr(), t.nbytes());
+    } else {
+      overBytes(to, t).copy_(t);
+    }
+    to += t.nbytes();
   }
   return flat;
+}
+
+// The elements of `tensors` together.
+inline size_t numelOf(const std::vector<at::Tensor>& tensors) {
+  size_t n = 0;
+  for (const auto& t : tensors) n += size_t(t.numel());
+  return n;
 }
 
 // Every tensor of `ts` matches `like` in dtype and element count.

@@ -106,8 +106,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
     auto body = [this, inputs, outputs](const Collective& c) {
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        at::Tensor flat = scratchTensor(copies_, inputs[i].numel() * c.size(), inputs[i].options());
-        label = allgatherInto(c, contiguousOf(inputs[i]), flat.data_ptr());
+        char* flat = copies_.get(std::max<size_t>(1, inputs[i].nbytes() * size_t(c.size())));
+        label = allgatherInto(c, contiguousOf(inputs[i]), flat);
         scatterBack(flat, outputs[i]);
       }
       return label;

@@ -73,9 +73,10 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
       return collx::str("all_reduce/", name(ran));
     }
     // Read the inputs here, when the op runs: a staged op fills them just before.
-    at::Tensor flat = outputs.size() == 1 ? contiguousOf(outputs[0]).view(-1) : flatCopy(copies_, outputs);
-    run(flat.data_ptr(), size_t(flat.numel()));
-    scatterBack(flat, outputs);
+    const bool inPlace = outputs.size() == 1 && outputs[0].is_contiguous();
+    void* const flat = inPlace ? outputs[0].data_ptr() : flatCopy(copies_, outputs);
+    run(flat, numelOf(outputs));
+    if (!inPlace) scatterBack(flat, outputs);
     return collx::str("all_reduce/", name(ran));
   };
   return enqueue(type, OpKind::kAllreduce, dtype, outputs, timeout, std::move(body));
@@ -147,13 +148,12 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
     const bool isRoot = rank_ == root;
     auto body = [this, outputs, r, dtype, root, isRoot](const Collective& c) {
       // Other ranks' tensors stay unchanged (as in NCCL): they reduce a copy.
-      at::Tensor flat = isRoot ? contiguousOf(outputs[0]).view(-1) : flatCopy(copies_, outputs);
-      size_t n = size_t(flat.numel());
-      withScaling(r, dtype, flat.data_ptr(), n, isRoot ? c.size() : 1,
-                  [&] { collx::reduce(c, flat.data_ptr(), n, root, r.fn); });
-      if (isRoot) scatterBack(flat, outputs);
-      return reduceByRing(c.size(), size_t(flat.nbytes())) ? std::string("reduce/ring")
-                                                            : treeLabel("reduce", c, size_t(flat.nbytes()));
+      const bool inPlace = isRoot && outputs[0].is_contiguous();
+      void* const flat = inPlace ? outputs[0].data_ptr() : flatCopy(copies_, outputs);
+      const size_t n = size_t(outputs[0].numel()), bytes = outputs[0].nbytes();
+      withScaling(r, dtype, flat, n, isRoot ? c.size() : 1, [&] { collx::reduce(c, flat, n, root, r.fn); });
+      if (isRoot && !inPlace) scatterBack(flat, outputs);
+      return reduceByRing(c.size(), bytes) ? std::string("reduce/ring") : treeLabel("reduce", c, bytes);
     };
     return enqueue(c10d::OpType::REDUCE, OpKind::kReduce, dtype, outputs, opTimeout(opts.timeout, timeout()),
                    std::move(body));
