@@ -109,10 +109,11 @@ void testAgreementOverrulesOneClock() {
   });
 }
 
-// A class whose ops take ~20 ms runs the shortest blocks, and says where
-// its trial stands in describe() meanwhile. Ring, 2.5x direct in the first
-// round (a block of it 120 ms more), leaves the trial there: direct is kept
-// after 8 ops, not 16, and checked over the fewest ops, 8.
+// A class whose ops take ~20 ms runs the shortest blocks and the shortest
+// probes, and says where its trial stands in describe() meanwhile. Ring,
+// 2.5x direct in its one-op probe (a block of it 120 ms more), leaves the
+// trial there: direct is kept after 5 ops, not 13, and checked over the
+// fewest ops, 8.
 void testSlowClassesTryLess() {
   CHECK(Refiner::blockFor(10) == 16 && Refiner::blockFor(2000) == 8 && Refiner::blockFor(1e5) == 4, "blockFor: ",
         Refiner::blockFor(10), ", ", Refiner::blockFor(2000), ", ", Refiner::blockFor(1e5));
@@ -121,15 +122,16 @@ void testSlowClassesTryLess() {
   constexpr size_t kBig = 16 << 20;
   const Tuning t = closeModel(kBig);
   const int block = blockAt(t, kBig);
-  CHECK(block == 4, "blocks of ", block, " at 16 MiB");
+  CHECK(block == 4 && Refiner::probeFor(block) == 1 && Refiner::probeFor(8) == 2 && Refiner::probeFor(16) == 4,
+        "blocks of ", block, " at 16 MiB; probes of ", Refiner::probeFor(block));
   test::Group g(kRanks, test::over(shm::Mode::kTcp));
   test::runRanks(kRanks, [&](int r) {
     Ranked k(*g.devices[r], t);
     auto& [ws, refiner, line, c] = k;
-    for (int i = 0; i < 2 * block; ++i) {
+    for (int i = 0; i < trialOps(2, block, 1); ++i) {
       CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == trialAlgorithm(i, block), "rank ", r, " trial ", i);
       refiner.ran(trialAlgorithm(i, block) == Algorithm::kDirect ? 20000.0 : 50000.0);
-      if (i == 4) CHECK(refiner.describe() == "refining: 16 MiB: 5 of 16 ops", refiner.describe());
+      if (i == 3) CHECK(refiner.describe() == "refining: 16 MiB: 4 of 13 ops", refiner.describe());
       CHECK(refiner.trying(kBig, Algorithm::kDirect), "op ", i, " is in the trial");
     }
     CHECK(refiner.choose(c, kBig, Algorithm::kDirect) == Algorithm::kDirect, "rank ", r, " did not keep direct");

@@ -74,9 +74,10 @@ double lowerMedian(const Refiner::Block* b, int n) {
 double Refiner::Block::typical() const {
   if (us.empty()) return 0;
   std::vector<double> sorted = us;
-  std::nth_element(sorted.begin(), sorted.begin() + long(sorted.size() / 2), sorted.end());
-  if (probe) return sorted[sorted.size() / 2];
-  const double cap = kOutlierRatio * sorted[sorted.size() / 2];
+  const size_t mid = probe ? (sorted.size() - 1) / 2 : sorted.size() / 2;  // a probe's lower median
+  std::nth_element(sorted.begin(), sorted.begin() + long(mid), sorted.end());
+  if (probe) return sorted[mid];
+  const double cap = kOutlierRatio * sorted[mid];
   double sum = 0;
   for (double t : us) sum += std::min(t, cap);
   return sum / double(us.size());

@@ -112,8 +112,8 @@ class Refiner {
   // how many ops at the start of a block go uncounted.
   static int blockFor(double us);
   static int skipped(int block) { return 3 * block / 8; }
-  // P: the first round's ops of a candidate after the first.
-  static int probeFor(int block) { return std::min(block, 4); }
+  // P: the first round's ops of a candidate after the first, a quarter block.
+  static int probeFor(int block) { return std::max(1, block / 4); }
   // R for that class, whose blocks take `blockUs` each.
   static int roundsFor(double blockUs);
   // C for a candidate the trial agreed at `us` per op.
@@ -144,8 +144,8 @@ class Refiner {
   // with each time capped at kOutlierRatio times the median, so that a
   // preemption (milliseconds) counts as one slow op, while an algorithm
   // whose ops vary still pays for its slow ones (a tighter cap let such an
-  // algorithm win trials it then lost). A probe's typical op is its median:
-  // one preempted op of its few must not end a candidate. 0 for no ops.
+  // algorithm win trials it then lost). A probe's typical op is its lower
+  // median: one preempted op of its few must not end a candidate. 0 for no ops.
   struct Block {
     std::vector<double> us;
     bool probe = false;
