@@ -180,8 +180,8 @@ void testThreeCandidates() {
 // Direct's ops take 5 us, but every fourth 30 (6x the median; 12.5 on
 // average over a block's counted ops), ring's take 10: ring is kept, though
 // most of direct's ops are faster. A preemption (one op of 5 ms) in ring's
-// probe leaves its median; in a block it counts as kOutlierRatio times the
-// median.
+// probe leaves its lower median; in a block it counts as kOutlierRatio times
+// the median.
 void testVaryingOpsPayForTheirSlowOnes() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose);
@@ -206,6 +206,9 @@ void testVaryingOpsPayForTheirSlowOnes() {
     CHECK(preempted.typical() == (4 * 10 + Refiner::kOutlierRatio * 10) / 5, "a preemption: ", preempted.typical());
     preempted.probe = true;
     CHECK(preempted.typical() == 10, "a preempted probe: ", preempted.typical());
+    // The probes of slow classes count two ops, or one: the lower of two.
+    Refiner::Block two{{5000, 10}, true}, one{{10}, true};
+    CHECK(two.typical() == 10 && one.typical() == 10, "probes of two and one: ", two.typical(), ", ", one.typical());
   });
 }
 
