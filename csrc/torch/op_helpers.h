@@ -48,6 +48,17 @@ inline at::Tensor overBytes(void* bytes, const at::Tensor& like) {
   return at::from_blob(bytes, like.sizes(), like.options().device(at::kCPU));
 }
 
+// Returns run(p) for the memory p of `out`, through a contiguous copy where
+// `out` is not contiguous.
+template <typename Run>
+std::string intoContiguous(const at::Tensor& out, Run&& run) {
+  if (out.is_contiguous()) return run(out.data_ptr());
+  at::Tensor dst = at::empty_like(out, at::MemoryFormat::Contiguous);
+  std::string label = run(dst.data_ptr());
+  out.copy_(dst);
+  return label;
+}
+
 // Copies consecutive slices of `flat` into `outputs`, unless `flat` already
 // is the storage of the single output.
 inline void scatterBack(const void* flat, const std::vector<at::Tensor>& outputs) {

@@ -18,8 +18,7 @@ void checkRoot(int64_t root, int size, const char* op, int rank) {
 }
 
 // All-gather of the contiguous `input` into the contiguous `flat` (world_size
-// x input), on raw memory: a small op's time is mostly its calls, and each
-// tensor op costs a dispatch.
+// x input), on raw memory (op_helpers.h).
 std::string allgatherInto(const Collective& c, const at::Tensor& input, void* flat) {
   const size_t bytes = input.nbytes();
   char* const mine = static_cast<char*>(flat) + size_t(c.rank()) * bytes;
@@ -148,13 +147,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
         const at::Tensor input = contiguousOf(inputs[i]);  // read when the op runs
-        if (outputs[i].is_contiguous()) {
-          label = allgatherInto(c, input, outputs[i].data_ptr());
-        } else {
-          at::Tensor flat = at::empty_like(outputs[i], at::MemoryFormat::Contiguous);
-          label = allgatherInto(c, input, flat.data_ptr());
-          outputs[i].copy_(flat);
-        }
+        label = intoContiguous(outputs[i], [&](void* flat) { return allgatherInto(c, input, flat); });
       }
       return label;
     };

@@ -161,10 +161,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
 }
 
 // Reduce-scatter of `blocks` (n contiguous blocks of `count` elements) into
-// the contiguous `out`, on raw memory: a small op's time is mostly its calls,
-// and each tensor op costs a dispatch. In shared memory it reads the blocks
-// where they lie; the ring needs a private copy of them, which it reduces in
-// place.
+// the contiguous `out`, on raw memory (op_helpers.h). In shared memory it
+// reads the blocks where they lie; the ring needs a private copy of them,
+// which it reduces in place.
 static std::string reduceScatterInto(Workspace& copies, const Collective& c, const ResolvedOp& r, DataType dtype,
                                      const std::vector<const void*>& blocks, void* out, size_t count) {
   const size_t blockBytes = count * elementSize(dtype);
@@ -178,16 +177,6 @@ static std::string reduceScatterInto(Workspace& copies, const Collective& c, con
   withScaling(r, dtype, work, count * size_t(c.size()), c.size(), [&] { reduceScatter(c, work, count, r.fn); });
   std::memcpy(out, work + size_t(c.rank()) * blockBytes, blockBytes);
   return "reduce_scatter/ring";
-}
-
-// Runs `run(outPtr)` into `out`, through a contiguous copy where it is not.
-template <typename Run>
-static std::string intoContiguous(const at::Tensor& out, Run&& run) {
-  if (out.is_contiguous()) return run(out.data_ptr());
-  at::Tensor dst = at::empty_like(out, at::MemoryFormat::Contiguous);
-  std::string label = run(dst.data_ptr());
-  out.copy_(dst);
-  return label;
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
