@@ -18,9 +18,8 @@ namespace collx {
 // time), so a large op does not fault in fresh pages every call. From 2 MiB
 // it asks for transparent huge pages (where the kernel grants them on
 // madvise): the first op of a size faults in 2 MiB at a time, not 4 KiB,
-// and a page fault costs microseconds on a VM (a trial's first direct op at
-// 4 MiB spent most of its 10 ms faulting in 8 MiB of slots). Growing keeps
-// the contents.
+// and a page fault costs microseconds on a VM (docs/measurements.md,
+// "huge pages for the workspace"). Growing keeps the contents.
 class Workspace {
  public:
   Workspace() = default;
