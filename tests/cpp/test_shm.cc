@@ -1,10 +1,11 @@
 // The shared-memory path: the ring alone (wrap-around, concurrent copies in
 // odd sizes, the sleep handshake), a group's setup and its note, a peer that
-// goes away mid-op, an abort that cannot enter the stream, a pair that cannot
-// link, errors of attaching, and no descriptor or mapping leaked over many
-// groups. The collectives in the
-// shared windows: test_shm_windows.cc.
+// goes away during setup or mid-op, an abort that cannot enter the stream, a
+// pair that cannot link, errors of attaching, and no descriptor or mapping
+// leaked over many groups. The collectives in the shared windows:
+// test_shm_windows.cc.
 #include <dirent.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <thread>
 
 #include "../../csrc/core/algorithms/algorithms.h"
 #include "../../csrc/core/error.h"
@@ -122,6 +124,32 @@ void testPeerGoneMidOp() {
   auto start = Clock::now();
   const std::string error = errorWhenPeerLeaves(ringAllreduce, 1 << 20);
   CHECK(error.find("Connection closed by peer") != std::string::npos, "got: ", error);
+  CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
+}
+
+// A local peer that dies after its socket connected but before it set its
+// segment's key (a rank killed just after init, whose group connects in the
+// background): the wait for that key ends when the socket closes, naming
+// the peer, not at the group's deadline.
+void testPeerGoneDuringSetup() {
+  int pair[2];
+  CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0, "socketpair");
+  test::MemoryStore store;
+  std::thread victim([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(pair[0]);
+  });
+  const auto start = Clock::now();
+  std::string error;
+  try {
+    shm::connectLocal(store, "setup/", 7, 1, {0, 0}, {pair[1], -1}, shm::Mode::kAuto, false,
+                      start + std::chrono::seconds(30));
+  } catch (const PeerClosedError& e) {
+    error = e.what();
+  }
+  victim.join();
+  ::close(pair[1]);
+  CHECK(error.find("Connection closed by peer 0") == 0, "got: '", error, "'");
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
 
@@ -288,6 +316,7 @@ int main() {
   std::printf("shm: ring ok\n");
   testSetupNotes();
   testPeerGoneMidOp();
+  testPeerGoneDuringSetup();
   testAbortWhileSenderBlocked();
   testAbortNoteBehindHalfMessage();
   testOnePairUnlinked();

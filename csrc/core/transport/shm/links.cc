@@ -62,8 +62,42 @@ bool canReadMemoryOf(pid_t pid, uint64_t address, const SegmentHeader& mapped) {
          std::memcmp(&read, &mapped, sizeof read) == 0;
 }
 
+// Whether the peer's end of the pair's socket is closed (its process is
+// gone): end of stream, not data, which is left where it is.
+bool closedByPeer(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+  char byte;
+  return ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+// How long a wait for a local peer's key runs between checks that it lives.
+constexpr auto kLivenessCheck = std::chrono::milliseconds(200);
+
+// A local peer's key. The wait runs in slices, and between them the pair's
+// socket tells whether the peer lives: a peer killed while the group
+// connects fails the wait at once, naming it, not at the group's deadline.
+std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, int peer, int fd,
+                              Deadline deadline) {
+  const auto start = Clock::now();
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      return store.get(key, std::clamp(left, std::chrono::milliseconds(0), kLivenessCheck));
+    } catch (const TimeoutError&) {
+      if (left <= kLivenessCheck) {
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+        throw TimeoutError(str("collx rank ", rank, ": timed out after ", waited.count(),
+                               " ms waiting in the Store for ", key, ", which peer ", peer, " sets"));
+      }
+    }
+    if (closedByPeer(fd)) throw peerClosed(rank, peer, "shared-memory setup");
+  }
+}
+
 // One status byte each way over the pair's socket, with the group deadline.
-bool exchangeStatus(int fd, bool mine, Deadline deadline, std::string& why) {
+bool exchangeStatus(int rank, int peer, int fd, bool mine, Deadline deadline, std::string& why) {
   const char out = mine ? 1 : 0;
   if (::send(fd, &out, 1, MSG_NOSIGNAL) != 1) {
     why = str("could not tell the peer: ", strerror(errno));
@@ -78,7 +112,7 @@ bool exchangeStatus(int fd, bool mine, Deadline deadline, std::string& why) {
     if (rc < 0 && errno == EINTR) continue;
     ssize_t got = rc > 0 ? ::recv(fd, &in, 1, 0) : 0;
     if (got == 1) break;
-    if (rc > 0) throw Error("the peer closed its connection during shared-memory setup");
+    if (rc > 0) throw peerClosed(rank, peer, "shared-memory setup");
   }
   if (!in && mine) why = "the peer could not map this rank's segment";
   return mine && in;
@@ -126,7 +160,6 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   const size_t ring = ringBytes(int(peers.size()) + 1);
   const size_t windowAt = kPage + peers.size() * slotBytes(ring);
   const size_t bytes = windowAt + kPage + 2 * kWindowHalfBytes;
-  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   const std::string key = prefix + "shm/";
 
   // 1. This rank's inbound rings.
@@ -150,7 +183,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   result.pids[size_t(rank)] = ::getpid();
   bool readAll = readPeers;
   for (int peer : peers) {
-    const auto v = store.get(key + std::to_string(peer), timeout);
+    const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline);
     const std::string s(v.begin(), v.end());
     try {
       if (!ownError.empty()) throw Error(ownError);
@@ -177,7 +210,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   int linked = 0;
   std::string failures;
   for (int peer : peers) {
-    if (!exchangeStatus(fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, why[size_t(peer)])) {
+    if (!exchangeStatus(rank, peer, fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, why[size_t(peer)])) {
       failures += str(failures.empty() ? "" : "; ", "peer ", peer, ": ", why[size_t(peer)]);
       continue;
     }
@@ -208,7 +241,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     store.set(key + "linked/" + std::to_string(rank), bytesOf(mine));
     bool everyPair = failures.empty();
     for (int peer : peers) {
-      const auto said = store.get(key + "linked/" + std::to_string(peer), timeout);
+      const auto said = awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline);
       everyPair = everyPair && said != bytesOf("0");
       readAll = readAll && said == bytesOf("2");
     }
