@@ -110,12 +110,13 @@ def test_a_group_ended_before_its_peers_came_goes_at_once(how):
         assert t == [3.0] * 4, t
 
 
-def _killed_after_creation(rank, ws, victim):
+def _killed_after_creation(rank, ws, victim, delay):
     import signal
 
     import torch
     import torch.distributed as dist
     if rank == victim:
+        time.sleep(delay)
         os.kill(os.getpid(), signal.SIGKILL)  # init returned; its group meets its peers in the background
     start = time.monotonic()
     try:
@@ -125,11 +126,14 @@ def _killed_after_creation(rank, ws, victim):
     return None
 
 
+# The victim dies at once, or some milliseconds in, while its group connects
+# in the background (setting up shared memory, where the ranks share a host).
+@pytest.mark.parametrize("delay", [0.0, 0.02])
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("victim", [0, 2])
-def test_a_rank_killed_after_creation_fails_the_first_op_fast(victim, transport):
+def test_a_rank_killed_after_creation_fails_the_first_op_fast(victim, transport, delay):
     ws = 3
-    results = run_ranks(_killed_after_creation, ws, timeout=120, pg_timeout=60, args=(victim,), may_die={victim},
+    results = run_ranks(_killed_after_creation, ws, timeout=120, pg_timeout=60, args=(victim, delay), may_die={victim},
                         env={"COLLX_TRANSPORT": transport})
     for rank, result in enumerate(results):
         if rank == victim:

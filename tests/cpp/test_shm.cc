@@ -127,10 +127,11 @@ void testPeerGoneMidOp() {
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
 
-// A local peer that dies after its socket connected but before it set its
+// A local peer that leaves after its socket connected but before it set its
 // segment's key (a rank killed just after init, whose group connects in the
-// background): the wait for that key ends when the socket closes, naming
-// the peer, not at the group's deadline.
+// background, or one whose setup failed): the wait for that key ends when
+// the socket closes, naming the peer and its note, not at the group's
+// deadline.
 void testPeerGoneDuringSetup() {
   int pair[2];
   CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0, "socketpair");
@@ -143,13 +144,14 @@ void testPeerGoneDuringSetup() {
   std::string error;
   try {
     shm::connectLocal(store, "setup/", 7, 1, {0, 0}, {pair[1], -1}, shm::Mode::kAuto, false,
-                      start + std::chrono::seconds(30));
+                      start + std::chrono::seconds(30), [](int peer) { return str("note of ", peer); });
   } catch (const PeerClosedError& e) {
     error = e.what();
   }
   victim.join();
   ::close(pair[1]);
-  CHECK(error.find("Connection closed by peer 0") == 0, "got: '", error, "'");
+  CHECK(error.find("Connection closed by peer 0") == 0 && error.find("peer 0 had failed: note of 0") != std::string::npos,
+        "got: '", error, "'");
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
 

@@ -57,23 +57,31 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   // may link. Both ranks of a pair dial (Connector::take keeps one).
   std::vector<Socket> sockets[kChannels];
   for (auto& channel : sockets) channel.resize(size_t(size));
-  for (int peer = 0; peer < size; ++peer) {
-    const bool local = hosts_[size_t(peer)] == hosts_[size_t(rank)];
-    if (peer == rank || (lazy_ && !(local && options.transport != shm::Mode::kTcp))) continue;
-    for (uint32_t ch = 0; ch < kChannels; ++ch) {
-      sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd);
+  shm::LocalLinks local;
+  try {
+    for (int peer = 0; peer < size; ++peer) {
+      const bool onHost = hosts_[size_t(peer)] == hosts_[size_t(rank)];
+      if (peer == rank || (lazy_ && !(onHost && options.transport != shm::Mode::kTcp))) continue;
+      for (uint32_t ch = 0; ch < kChannels; ++ch) {
+        sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd);
+      }
     }
+    // Nobody connects any more where every peer is connected (eager, or all on this host).
+    if (std::count_if(sockets[kCollectives].begin(), sockets[kCollectives].end(),
+                      [](const Socket& s) { return s.valid(); }) == size - 1) {
+      lazy_ = false;
+      connector_->stop();
+    }
+    std::vector<int> fds;
+    for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
+    local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport, options.readPeers,
+                              deadline, [connector = connector_](int peer) { return connector->readNote(peer); });
+  } catch (const Error& e) {
+    // The peers in setup with this rank see its sockets close: the note,
+    // left while they are still open, tells them why.
+    connector_->leaveNote(e.what());
+    throw;
   }
-  // Nobody connects any more where every peer is connected (eager, or all on this host).
-  if (std::count_if(sockets[kCollectives].begin(), sockets[kCollectives].end(),
-                    [](const Socket& s) { return s.valid(); }) == size - 1) {
-    lazy_ = false;
-    connector_->stop();
-  }
-  std::vector<int> fds;
-  for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
-  shm::LocalLinks local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport,
-                                            options.readPeers, deadline);
   transportNote_ = local.note;
   shmUnavailable_ = local.unavailable;
   if (std::all_of(local.windows.begin(), local.windows.end(), [](char* w) { return w != nullptr; })) {

@@ -75,11 +75,19 @@ bool closedByPeer(int fd) {
 // How long a wait for a local peer's key runs between checks that it lives.
 constexpr auto kLivenessCheck = std::chrono::milliseconds(200);
 
+// What a rank sees when a local peer's socket closes during setup: the
+// peer's process is gone, or its setup failed and it left a note.
+PeerClosedError peerLeft(int rank, int peer, const NoteOf& noteOf) {
+  const std::string note = noteOf ? noteOf(peer) : "";
+  return PeerClosedError(str(peerClosed(rank, peer, "shared-memory setup").what(),
+                             note.empty() ? "" : str("; peer ", peer, " had failed: ", note)));
+}
+
 // A local peer's key. The wait runs in slices, and between them the pair's
 // socket tells whether the peer lives: a peer killed while the group
 // connects fails the wait at once, naming it, not at the group's deadline.
-std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, int peer, int fd,
-                              Deadline deadline) {
+std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, int peer, int fd, Deadline deadline,
+                              const NoteOf& noteOf) {
   const auto start = Clock::now();
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -92,12 +100,13 @@ std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, in
                                " ms waiting in the Store for ", key, ", which peer ", peer, " sets"));
       }
     }
-    if (closedByPeer(fd)) throw peerClosed(rank, peer, "shared-memory setup");
+    if (closedByPeer(fd)) throw peerLeft(rank, peer, noteOf);
   }
 }
 
 // One status byte each way over the pair's socket, with the group deadline.
-bool exchangeStatus(int rank, int peer, int fd, bool mine, Deadline deadline, std::string& why) {
+bool exchangeStatus(int rank, int peer, int fd, bool mine, Deadline deadline, const NoteOf& noteOf,
+                    std::string& why) {
   const char out = mine ? 1 : 0;
   if (::send(fd, &out, 1, MSG_NOSIGNAL) != 1) {
     why = str("could not tell the peer: ", strerror(errno));
@@ -112,7 +121,7 @@ bool exchangeStatus(int rank, int peer, int fd, bool mine, Deadline deadline, st
     if (rc < 0 && errno == EINTR) continue;
     ssize_t got = rc > 0 ? ::recv(fd, &in, 1, 0) : 0;
     if (got == 1) break;
-    if (rc > 0) throw peerClosed(rank, peer, "shared-memory setup");
+    if (rc > 0) throw peerLeft(rank, peer, noteOf);
   }
   if (!in && mine) why = "the peer could not map this rank's segment";
   return mine && in;
@@ -145,7 +154,7 @@ size_t ringBytes(int localRanks) {
 
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
                         const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, bool readPeers,
-                        Deadline deadline) {
+                        Deadline deadline, const NoteOf& noteOf) {
   const int size = int(hosts.size());
   LocalLinks result;
   result.collectives.resize(size_t(size));
@@ -183,7 +192,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   result.pids[size_t(rank)] = ::getpid();
   bool readAll = readPeers;
   for (int peer : peers) {
-    const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline);
+    const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
     const std::string s(v.begin(), v.end());
     try {
       if (!ownError.empty()) throw Error(ownError);
@@ -210,7 +219,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   int linked = 0;
   std::string failures;
   for (int peer : peers) {
-    if (!exchangeStatus(rank, peer, fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, why[size_t(peer)])) {
+    if (!exchangeStatus(rank, peer, fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, noteOf,
+                        why[size_t(peer)])) {
       failures += str(failures.empty() ? "" : "; ", "peer ", peer, ": ", why[size_t(peer)]);
       continue;
     }
@@ -241,7 +251,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     store.set(key + "linked/" + std::to_string(rank), bytesOf(mine));
     bool everyPair = failures.empty();
     for (int peer : peers) {
-      const auto said = awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline);
+      const auto said =
+          awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
       everyPair = everyPair && said != bytesOf("0");
       readAll = readAll && said == bytesOf("2");
     }

@@ -23,6 +23,7 @@
 // ringBytes(local ranks).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,10 +71,14 @@ struct LocalLinks {
   bool unavailable = false;  // some local pair could not use shared memory
 };
 
+// What a peer that failed left as its reason ("" if nothing).
+using NoteOf = std::function<std::string(int peer)>;
+
 // `fds`: the connected TCP socket per peer (blocking; -1 for self).
-// `readPeers`: try cross-memory attach (COLLX_SHM_CMA).
+// `readPeers`: try cross-memory attach (COLLX_SHM_CMA). A local peer whose
+// socket closes during setup fails it at once, with its note.
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
                         const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, bool readPeers,
-                        Deadline deadline);
+                        Deadline deadline, const NoteOf& noteOf = nullptr);
 
 }  // namespace collx::shm

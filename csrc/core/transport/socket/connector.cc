@@ -25,10 +25,8 @@ constexpr char kAccepted = 1;
 constexpr char kDuplicate = 0;
 // How often a waiting take() looks at its wake fd.
 constexpr auto kWakeCheck = std::chrono::milliseconds(1);
-// How long a refused dial waits for the Store to tell why the peer left,
-// and a failing rank for the Store to take its note (an abort the user asks
-// for must return within 100 ms).
-constexpr auto kNoteWait = std::chrono::seconds(1);
+// How long a failing rank waits for the Store to take its note (an abort
+// the user asks for must return within 100 ms).
 constexpr auto kNoteSetWait = std::chrono::milliseconds(20);
 
 bool readable(int fd) {

@@ -65,6 +65,10 @@ class Connector {
   // dial reads it; neither waits long for the Store (askStore).
   void setNotes(std::shared_ptr<Store> notes) { notes_ = std::move(notes); }
   void leaveNote(const std::string& why) noexcept;
+  // The note `peer` left, or "" where it left none or the Store did not
+  // answer within `wait`.
+  static constexpr auto kNoteWait = std::chrono::seconds(1);
+  std::string readNote(int peer, Clock::duration wait = kNoteWait) const;
 
  private:
   // kAccepting: accepted, on its way to the sink (neither dial nor accept again).
@@ -76,9 +80,6 @@ class Connector {
   void onHello(Socket socket, int peer, Channel channel);
   // Dials once; true if the peer accepted, false if it refused it as a duplicate.
   bool dial(int peer, Channel channel, Deadline deadline, int wakeFd, Socket* out);
-  // The note `peer` left, or "" where it left none or the Store did not
-  // answer within `wait`.
-  std::string readNote(int peer, Clock::duration wait) const;
   // Local settings (congestion control, send buffer) for a new connection.
   void configure(Socket& s, int peer) const;
 
