@@ -126,8 +126,9 @@ def _killed_after_creation(rank, ws, victim, delay):
     return None
 
 
-# The victim dies at once, or some milliseconds in, while its group connects
-# in the background (setting up shared memory, where the ranks share a host).
+# The victim dies at once, or 20 ms in: while its group connects in the
+# background (setting up shared memory, where the ranks share a host), or
+# just after.
 @pytest.mark.parametrize("delay", [0.0, 0.02])
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("victim", [0, 2])
@@ -140,5 +141,6 @@ def test_a_rank_killed_after_creation_fails_the_first_op_fast(victim, transport,
             continue
         assert result is not None, f"rank {rank}: the first op succeeded without rank {victim}"
         took, message = result
-        assert f"peer {victim}" in message and message.count("collx init") == 1, f"rank {rank}: {message}"
+        # The victim dies in the setup or after it: once wrapped as init's failure, or as the op's.
+        assert f"peer {victim}" in message and message.count("collx init") <= 1, f"rank {rank}: {message}"
         assert took < 5.0, f"rank {rank}: failed after {took:.1f} s (group timeout 60 s): {message}"
