@@ -1,5 +1,6 @@
 """Collectives benchmark: gloo vs collx for reduce_scatter_single, all_gather_single,
-broadcast, all_to_all_single (equal splits) and reduce; CPU float32.
+all_gather into a list of tensors (all_gather_list), broadcast, all_to_all_single (equal
+splits) and reduce; CPU float32.
 
 Run from the repository root:
 
@@ -31,7 +32,7 @@ import torch.distributed as dist
 
 from bench_common import MAX_ITERS, MIN_ITERS, agreed_max, compare_to_gloo, parse_sizes, stats_gained
 
-OPS = ["reduce_scatter", "all_gather", "broadcast", "all_to_all", "reduce"]
+OPS = ["reduce_scatter", "all_gather", "all_gather_list", "broadcast", "all_to_all", "reduce"]
 ROOT = 0
 SMALL_MAX, LARGE_MIN = 64 << 10, 1 << 20          # the target bands
 TIME_TARGET, BUSBW_TARGET = 0.3, 1.0               # collx/gloo time at <=64 KB; busbw ratio at >=1 MB
@@ -45,7 +46,7 @@ def fmt_size(b):
 
 
 def busbw_factor(op, n):
-    return (n - 1) / n if op in ("reduce_scatter", "all_gather", "all_to_all") else 1.0
+    return (n - 1) / n if op in ("reduce_scatter", "all_gather", "all_gather_list", "all_to_all") else 1.0
 
 
 def elements(op, nbytes, n):
@@ -66,6 +67,8 @@ class Point:
             self.inp, self.out = torch.empty(count), torch.empty(block)
         elif op == "all_gather":
             self.inp, self.out = torch.empty(block), torch.empty(count)
+        elif op == "all_gather_list":  # a tensor of its own per rank, as most callers write it
+            self.inp, self.outs = torch.empty(block), [torch.empty(block) for _ in range(n)]
         elif op == "all_to_all":
             self.inp, self.out = torch.empty(count), torch.empty(count)
         else:
@@ -77,6 +80,8 @@ class Point:
             dist.reduce_scatter_single(self.out, self.inp, group=g)
         elif self.op == "all_gather":
             dist.all_gather_single(self.out, self.inp, group=g)
+        elif self.op == "all_gather_list":
+            dist.all_gather(self.outs, self.inp, group=g)
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.out, self.inp, group=g)
         elif self.op == "broadcast":
@@ -92,7 +97,7 @@ class Point:
         if self.op == "reduce_scatter":     # block j of rank r holds (r+1)*(j+1)
             blocks(self.inp).copy_(torch.arange(1, n + 1, dtype=torch.float32).view(n, 1) * (r + 1))
             want = torch.full((block,), float((r + 1) * n * (n + 1) // 2))
-        elif self.op == "all_gather":
+        elif self.op in ("all_gather", "all_gather_list"):
             self.inp.fill_(r + 1)
             want = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(block)
         elif self.op == "all_to_all":      # block j of rank r holds r*n + j
@@ -104,21 +109,27 @@ class Point:
         else:
             self.out.fill_(r + 1)
             want = torch.full((count,), float(n * (n + 1) // 2)) if r == ROOT else self.out.clone()
-        if self.out is not self.inp:
-            self.out.fill_(-1.0)
+        for t in self.outputs():
+            if t is not self.inp:
+                t.fill_(-1.0)
         self.run()
         if self.op == "reduce" and r != ROOT and not check_non_root:
             return None  # gloo leaves partial sums in the non-roots' buffers
-        bad = (self.out != want).nonzero()
+        got = torch.cat(self.outputs())
+        bad = (got != want).nonzero()
         if bad.numel():
             i = bad[0].item()
-            return (f"{bad.numel()}/{self.out.numel()} elements differ, e.g. [{i}]={self.out[i].item()} "
+            return (f"{bad.numel()}/{got.numel()} elements differ, e.g. [{i}]={got[i].item()} "
                     f"expected {want[i].item()}")
         return None
 
+    def outputs(self):
+        return self.outs if self.op == "all_gather_list" else [self.out]
+
     def zero(self):
         self.inp.zero_()
-        self.out.zero_()
+        for t in self.outputs():
+            t.zero_()
 
 
 def run_ops(point, k):
@@ -258,7 +269,7 @@ def main():
               f"device=cpu  cpus={os.cpu_count()}  backends={[g for g, _ in groups]}  "
               f"time_per_point={args.time_per_point}s")
         print("# size = bytes of the larger buffer; time = mean per op (max over ranks), p50 = median op; "
-              "busbw = algbw*factor ((n-1)/n: reduce_scatter, all_gather, all_to_all; 1: broadcast, reduce; "
+              "busbw = algbw*factor ((n-1)/n: reduce_scatter, all_gather(_list), all_to_all; 1: broadcast, reduce; "
               f"root {ROOT}); vs_gloo = time/gloo_time (lower is better); busbw_x = busbw/gloo_busbw", flush=True)
 
     rows = []

@@ -17,13 +17,11 @@ void checkRoot(int64_t root, int size, const char* op, int rank) {
   }
 }
 
-// All-gather of the contiguous `input` into the contiguous `flat` (world_size
-// x input), on raw memory (op_helpers.h).
-std::string allgatherInto(const Collective& c, const at::Tensor& input, void* flat) {
+// All-gather of the contiguous `input` into `blocks` (one per rank), on raw
+// memory (op_helpers.h). Returns the path's label.
+std::string allgatherInto(const Collective& c, const at::Tensor& input, const std::vector<void*>& blocks) {
   const size_t bytes = input.nbytes();
-  char* const mine = static_cast<char*>(flat) + size_t(c.rank()) * bytes;
-  if (mine != input.data_ptr()) std::memmove(mine, input.data_ptr(), bytes);  // input may lie in flat
-  collx::allgather(c, flat, size_t(input.numel()));
+  collx::allgather(c, input.data_ptr(), blocks, size_t(input.numel()));
   if (useSharedWindows(c.transport, bytes * size_t(c.size()))) return "all_gather/shm";
   return allgatherDirect(c.size(), bytes) ? "all_gather/direct" : "all_gather/ring";
 }
@@ -102,12 +100,22 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
       checkSameShape(outputs[i], inputs[i], op, rank_, "output");
       all.insert(all.end(), outputs[i].begin(), outputs[i].end());
     }
+    // Contiguous outputs receive their blocks where they lie; the others
+    // through a slot of the workspace each.
     auto body = [this, inputs, outputs](const Collective& c) {
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        char* flat = copies_.get(std::max<size_t>(1, inputs[i].nbytes() * size_t(c.size())));
-        label = allgatherInto(c, contiguousOf(inputs[i]), flat);
-        scatterBack(flat, outputs[i]);
+        const std::vector<at::Tensor>& outs = outputs[i];
+        const size_t bytes = inputs[i].nbytes();
+        char* const slots = copies_.get(std::max<size_t>(1, bytes * outs.size()));
+        std::vector<void*> blocks;
+        for (size_t r = 0; r < outs.size(); ++r) {
+          blocks.push_back(outs[r].is_contiguous() && bytes > 0 ? outs[r].data_ptr() : slots + r * bytes);
+        }
+        label = allgatherInto(c, contiguousOf(inputs[i]), blocks);
+        for (size_t r = 0; r < outs.size(); ++r) {
+          if (!outs[r].is_contiguous()) outs[r].copy_(overBytes(blocks[r], outs[r]));
+        }
       }
       return label;
     };
@@ -147,7 +155,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather_into_tensor_coalesced(std
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
         const at::Tensor input = contiguousOf(inputs[i]);  // read when the op runs
-        label = intoContiguous(outputs[i], [&](void* flat) { return allgatherInto(c, input, flat); });
+        label = intoContiguous(outputs[i], [&](void* flat) {
+          return allgatherInto(c, input, blocksAt(flat, c.size(), input.nbytes()));
+        });
       }
       return label;
     };

@@ -59,7 +59,7 @@ void testMaxInt64(Group& g, uint64_t& seq, Algorithm algo, size_t count) {
 }
 
 using BroadcastFn = void (*)(const Collective&, void*, size_t, int);
-using AllgatherFn = void (*)(const Collective&, void*, size_t);
+using AllgatherFn = void (*)(const Collective&, const void*, const std::vector<void*>&, size_t);
 using ReduceScatterFn = void (*)(const Collective&, void*, size_t, ReduceFn);
 
 void testBroadcast(Group& g, uint64_t& seq, size_t count, int root, size_t seg, int arity,
@@ -77,17 +77,24 @@ void testBroadcast(Group& g, uint64_t& seq, size_t count, int root, size_t seg, 
   });
 }
 
-void testAllgather(Group& g, uint64_t& seq, size_t block, size_t seg, AllgatherFn run = allgather) {
+// `apart`: every block and the input in memory of its own, else laid end to
+// end with the input in place.
+void testAllgather(Group& g, uint64_t& seq, size_t block, size_t seg, AllgatherFn run = allgather,
+                   bool apart = false) {
   int n = int(g.devices.size());
   ++seq;
   test::runRanks(n, [&](int r) {
-    std::vector<uint8_t> out(block * n, 0);
-    for (size_t i = 0; i < block; ++i) out[r * block + i] = uint8_t(r * 37 + i);
+    std::vector<std::vector<uint8_t>> out(apart ? n + 1 : 1, std::vector<uint8_t>(apart ? block : block * n, 0));
+    std::vector<void*> blocks = apart ? std::vector<void*>() : blocksAt<void*>(out[0].data(), n, block);
+    for (int q = 0; apart && q < n; ++q) blocks.push_back(out[size_t(q)].data());
+    uint8_t* const in = apart ? out[size_t(n)].data() : static_cast<uint8_t*>(blocks[size_t(r)]);
+    for (size_t i = 0; i < block; ++i) in[i] = uint8_t(r * 37 + i);
     auto c = make(*g.devices[r], OpKind::kAllgather, DataType::kUInt8, seq, seg, 2);
-    run(c, out.data(), block);
+    run(c, in, blocks, block);
     for (int q = 0; q < n; ++q) {
       for (size_t i = 0; i < block; ++i) {
-        CHECK(out[q * block + i] == uint8_t(q * 37 + i), "allgather n=", n, " rank=", r);
+        CHECK(static_cast<uint8_t*>(blocks[size_t(q)])[i] == uint8_t(q * 37 + i), "allgather n=", n, " rank=", r,
+              apart ? " (blocks apart)" : "");
       }
     }
   });
@@ -218,14 +225,17 @@ void sweep(int n, shm::Mode transport) {
     testMaxInt64(g, seq, Algorithm::kTree, std::min<size_t>(count, 5000));
     for (int root = 0; root < n; ++root) testBroadcast(g, seq, std::min<size_t>(count, 30001), root, 1024, 2);
     testAllgather(g, seq, std::min<size_t>(count, 50001), 4096);
+    testAllgather(g, seq, std::min<size_t>(count, 50001), 4096, allgather, true);
     testReduceScatter(g, seq, std::min<size_t>(count, 30001), 4096);
     for (int root = 0; root < n; ++root) testReduce(g, seq, std::min<size_t>(count, 30001), root, 1024);
     if (count == counts[5]) for (int root = 0; root < n; ++root) testReduce(g, seq, count, root, 1 << 16);
+    if (count == counts[5]) testAllgather(g, seq, count, 1 << 16, allgather, true);  // the ring over TCP
     if (transport == shm::Mode::kShm && n > 1) {
       // The shared-memory forms at every count, below the size where the
       // entry points take them too, and over many chunks of a window.
       for (int root = 0; root < n; ++root) testBroadcast(g, seq, count, root, 0, 0, shmBroadcast);
       testAllgather(g, seq, count == counts[5] ? 3 * count + 5 : count, 0, shmAllgather);
+      testAllgather(g, seq, count == counts[5] ? 3 * count + 5 : count, 0, shmAllgather, true);
       // Out of place too: the inputs stay untouched.
       testReduceScatter(g, seq, std::min<size_t>(count, 300007), 0, [](const Collective& c, void* buf, size_t block,
                                                                        ReduceFn fn) {

@@ -22,6 +22,12 @@ using test::Group;
 using test::errorWhenPeerLeaves;
 using test::over;
 
+// shmAllgather on n blocks laid end to end, this rank's in place.
+void shmAllgatherFlat(const Collective& c, int32_t* buf, size_t block) {
+  const auto blocks = blocksAt<void*>(buf, c.size(), block * sizeof(int32_t));
+  shmAllgather(c, blocks[size_t(c.rank())], blocks, block);
+}
+
 // The all-reduce in shared windows: a count mismatch fails every rank before
 // a byte of its buffer is written; a peer that never comes is a timeout that
 // names it; one that goes away fails the waiter at once.
@@ -104,7 +110,7 @@ void testWindowsMismatch(bool readPeers) {
                  Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
     try {
       if (r == 2) {
-        shmAllgather(c, buf.data(), block);
+        shmAllgatherFlat(c, buf.data(), block);
       } else {
         shmBroadcast(c, buf.data(), buf.size(), r);  // each thinks itself the root
       }
@@ -158,13 +164,12 @@ void testWindowsBackToBack(bool readPeers) {
       size_t lo = 0, hi = buf.size();
       switch (kind) {
         case OpKind::kReduceScatter: {
-          std::vector<const void*> blocks;
-          for (int q = 0; q < n; ++q) blocks.push_back(buf.data() + size_t(q) * block);
-          shmReduceScatter(c, blocks, buf.data() + size_t(r) * block, block, sum);
+          shmReduceScatter(c, blocksAt<const void*>(buf.data(), n, block * sizeof(int32_t)),
+                           buf.data() + size_t(r) * block, block, sum);
           lo = r * block, hi = lo + block;
           break;
         }
-        case OpKind::kAllgather: shmAllgather(c, buf.data(), block); break;
+        case OpKind::kAllgather: shmAllgatherFlat(c, buf.data(), block); break;
         case OpKind::kBroadcast: shmBroadcast(c, buf.data(), buf.size(), root); break;
         default: shmAllreduce(c, buf.data(), buf.size(), sum);
       }
@@ -190,7 +195,7 @@ void testReadInPlaceKeepsBuffers() {
       std::fill(buf.begin(), buf.end(), int32_t(seq * 10 + r));
       Collective c{*g.devices[r], OpKind::kAllgather, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20),
                    1 << 16, 2, ws};
-      shmAllgather(c, buf.data(), block);
+      shmAllgatherFlat(c, buf.data(), block);
       for (int q = 0; q < n; ++q) {
         const auto from = buf.begin() + q * block;
         CHECK(std::all_of(from, from + block, [&](int32_t v) { return v == int32_t(seq * 10 + q); }),
@@ -278,7 +283,7 @@ void testCountersByCarrier() {
     before[r] = g.devices[r]->counters();
     Collective c{*g.devices[r], OpKind::kAllgather, DataType::kInt32, 2, Clock::now() + std::chrono::seconds(20),
                  1 << 16, 2, ws};
-    shmAllgather(c, buf.data(), block);
+    shmAllgatherFlat(c, buf.data(), block);
     after[r] = g.devices[r]->counters();
   });
   const bool inPlace = g.devices[0]->sharedWindows()->canReadPeers();

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "../reduce/reduce.h"
@@ -67,12 +68,26 @@ void broadcast(const Collective& c, void* buf, size_t count, int root);
 // result; other ranks' buffers are scratch and end up with partial sums.
 void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn);
 
-// All-gather of `blockCount` elements per rank: rank r's block sits at
-// out + r·blockCount elements on entry; on return every block is everywhere.
-// In shared memory where useSharedWindows, else direct exchange for small
-// blocks, ring for large ones.
+// All-gather of `blockCount` elements per rank into `blocks`, wherever they
+// lie: rank r's block, read from its `in` (which may be its blocks[r]),
+// ends in blocks[r] on every rank. In shared memory where useSharedWindows,
+// else direct exchange for small blocks, ring for large ones. Shared memory
+// and the direct exchange write the blocks where they lie; the ring runs on
+// blocks laid end to end, and copies through the workspace where they are
+// not.
+void allgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount);
+// The same on blocks laid end to end from `out`, this rank's in place.
 void allgather(const Collective& c, void* out, size_t blockCount);
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
+
+// The n blocks of `blockBytes` laid end to end from `base`.
+template <typename Pointer>  // void* or const void*
+std::vector<Pointer> blocksAt(Pointer base, int n, size_t blockBytes) {
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, const char, char>;
+  std::vector<Pointer> blocks;
+  for (int r = 0; r < n; ++r) blocks.push_back(static_cast<Byte*>(base) + size_t(r) * blockBytes);
+  return blocks;
+}
 
 // Reduce-scatter: `buf` holds n blocks of `blockCount` elements; on return
 // block r of rank r holds the reduction of everyone's block r (the other
@@ -82,7 +97,7 @@ void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn f
 // The shared-memory forms (shm_collectives.cc), which need
 // Transport::sharedWindows(); the entry points above choose them by size.
 void shmBroadcast(const Collective& c, void* buf, size_t count, int root);
-void shmAllgather(const Collective& c, void* out, size_t blockCount);
+void shmAllgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount);
 // Its reduce-scatter reads the n input blocks where they lie and writes this
 // rank's result to `out` (which may be blocks[rank]); the inputs stay as
 // they were, so a caller needs no private copy of them.

@@ -8,6 +8,7 @@
 //
 // The transport keeps each pair's messages in post order on both sides, so a
 // single step suffices and nothing waits on a round trip it does not need.
+#include <algorithm>
 #include <cstring>
 
 #include "../error.h"
@@ -25,19 +26,37 @@ void exchange(const Collective& c, const std::vector<Transfer>& sends,
   waitAll(c.transport, c.deadline);
 }
 
-void allgather(const Collective& c, void* out, size_t blockCount) {
+void allgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount) {
   const int n = c.size(), rank = c.rank();
+  COLLX_CHECK(int(blocks.size()) == n, "collx rank ", rank, ": all_gather needs ", n, " blocks, got ", blocks.size());
   const size_t blockBytes = blockCount * elementSize(c.dtype);
-  if (useSharedWindows(c.transport, blockBytes * size_t(n))) return shmAllgather(c, out, blockCount);
-  if (!allgatherDirect(n, blockBytes)) return ringAllgather(c, out, blockCount);
-  auto block = [&](int r) { return static_cast<char*>(out) + size_t(r) * blockBytes; };
+  if (useSharedWindows(c.transport, blockBytes * size_t(n))) return shmAllgather(c, in, blocks, blockCount);
+  if (!allgatherDirect(n, blockBytes)) {
+    char* const flat = static_cast<char*>(blocks[0]);
+    bool endToEnd = true;
+    for (int r = 0; r < n; ++r) endToEnd = endToEnd && blocks[size_t(r)] == flat + size_t(r) * blockBytes;
+    char* const out = endToEnd ? flat : c.workspace.get(std::max<size_t>(1, blockBytes * size_t(n)));
+    if (out + size_t(rank) * blockBytes != in) std::memmove(out + size_t(rank) * blockBytes, in, blockBytes);
+    ringAllgather(c, out, blockCount);
+    if (!endToEnd) {
+      for (int r = 0; r < n; ++r) std::memcpy(blocks[size_t(r)], out + size_t(r) * blockBytes, blockBytes);
+    }
+    return;
+  }
+  if (blocks[size_t(rank)] != in) std::memmove(blocks[size_t(rank)], in, blockBytes);
   std::vector<Transfer> sends, recvs;
   for (int peer = 0; peer < n; ++peer) {
     if (peer == rank) continue;
-    sends.push_back({peer, block(rank), blockBytes, c.frame(0)});
-    recvs.push_back({peer, block(peer), blockBytes, c.frame(0)});
+    sends.push_back({peer, const_cast<void*>(in), blockBytes, c.frame(0)});
+    recvs.push_back({peer, blocks[size_t(peer)], blockBytes, c.frame(0)});
   }
   exchange(c, sends, recvs);
+}
+
+void allgather(const Collective& c, void* out, size_t blockCount) {
+  const size_t blockBytes = blockCount * elementSize(c.dtype);
+  const auto blocks = blocksAt(out, c.size(), blockBytes);
+  allgather(c, blocks[size_t(c.rank())], blocks, blockCount);
 }
 
 }  // namespace collx

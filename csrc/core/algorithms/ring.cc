@@ -123,10 +123,8 @@ void ringReduce(const Collective& c, char* buf, size_t count, int root, ReduceFn
 void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn) {
   const size_t blockBytes = blockCount * elementSize(c.dtype);
   if (useSharedWindows(c.transport, blockBytes * size_t(c.size()))) {
-    char* const block0 = static_cast<char*>(buf);
-    std::vector<const void*> blocks;
-    for (int r = 0; r < c.size(); ++r) blocks.push_back(block0 + size_t(r) * blockBytes);
-    return shmReduceScatter(c, blocks, block0 + size_t(c.rank()) * blockBytes, blockCount, fn);
+    return shmReduceScatter(c, blocksAt<const void*>(buf, c.size(), blockBytes),
+                            static_cast<char*>(buf) + size_t(c.rank()) * blockBytes, blockCount, fn);
   }
   // shift -1: after n-1 steps rank r holds the full sum of chunk r.
   ringPass(c, static_cast<char*>(buf), blockCount * size_t(c.size()), -1, c.size() - 1, c.size() - 1, fn);

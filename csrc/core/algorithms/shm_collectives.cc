@@ -8,7 +8,7 @@
 //     2. out's piece = my block's piece + piece me of every peer's half,
 //        in rank order
 //
-//   all-gather (rank r's block at out + r·block)
+//   all-gather (rank r's block from its `in` into blocks[r] everywhere)
 //     1. copy a piece of my block into my half; post
 //     2. copy the same piece of every peer's block from its half
 //
@@ -57,31 +57,32 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
   });
 }
 
-void shmAllgather(const Collective& c, void* out, size_t blockCount) {
+void shmAllgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount) {
   ShmChunks chunks(c, blockCount);
   const int n = c.size(), me = c.rank();
   const size_t es = elementSize(c.dtype);
-  char* const blocks = static_cast<char*>(out);
-  auto block = [&](int r) { return blocks + size_t(r) * blockCount * es; };
+  auto block = [&](int r) { return static_cast<char*>(blocks[size_t(r)]); };
+  const char* const mine = static_cast<const char*>(in);
 
   if (chunks.canReadPeers() && blockCount > chunks.halfElems()) {
     chunks.exposed(blockCount * es, n - 1);
-    chunks.readInPlace(block(me), [&] {
+    chunks.readInPlace(mine, [&] {
       for (int i = 1; i < n; ++i) {
         const int r = (me + i) % n;  // not every rank reading rank 0 first
         chunks.read(r, block(r), blockCount * es);
       }
     });
-    return;
+  } else {
+    chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
+      std::memcpy(chunks.half(me), mine + done * es, len * es);
+      chunks.post();
+      for (int r = 0; r < n; ++r) {
+        if (r != me) std::memcpy(block(r) + done * es, chunks.half(r), len * es);
+      }
+      chunks.moved(len * es, size_t(n - 1) * len * es);
+    });
   }
-  chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
-    std::memcpy(chunks.half(me), block(me) + done * es, len * es);
-    chunks.post();
-    for (int r = 0; r < n; ++r) {
-      if (r != me) std::memcpy(block(r) + done * es, chunks.half(r), len * es);
-    }
-    chunks.moved(len * es, size_t(n - 1) * len * es);
-  });
+  if (block(me) != mine) std::memmove(block(me), mine, blockCount * es);
 }
 
 void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {
