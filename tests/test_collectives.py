@@ -143,19 +143,28 @@ def check_all_gather(rank, ws, fail):
     for r in range(ws):
         if m := mismatch(outs[r], _data(r, torch.float64, 6 * 5, 12).view(6, 5).t()):
             fail(f"all_gather non-contiguous 2-D: block of rank {r}: {m}")
-    # The rank's own output as the input, and outputs of which one is not
-    # contiguous, small (direct) and large (shared memory or the ring).
+    # Inputs among the outputs (the rank's own, and the first, which on the
+    # other ranks is a block the op overwrites), outputs of which one is not
+    # contiguous, and one tensor passed as every output (gloo leaves the last
+    # rank's block in it); small (direct) and large (shared memory or the ring).
     for count in (1000, 1 << 18 | 1):
-        outs = [torch.zeros(count) for _ in range(ws)]
-        outs[rank].copy_(_data(rank, torch.float32, count, 15))
-        dist.all_gather(outs, outs[rank])
+        for at in (rank, 0):
+            outs = [torch.zeros(count) for _ in range(ws)]
+            outs[at].copy_(_data(rank, torch.float32, count, 15))
+            dist.all_gather(outs, outs[at])
+            for r in range(ws):
+                if m := mismatch(outs[r], _data(r, torch.float32, count, 15)):
+                    fail(f"all_gather with the input in output {at}, count={count}: block of rank {r}: {m}")
         strided = [torch.zeros(count, 2)[:, 1] if r == (rank + 1) % ws else torch.zeros(count) for r in range(ws)]
         dist.all_gather(strided, _data(rank, torch.float32, count, 15))
         for r in range(ws):
-            if m := mismatch(outs[r], _data(r, torch.float32, count, 15)):
-                fail(f"all_gather with the input in the outputs, count={count}: block of rank {r}: {m}")
             if m := mismatch(strided[r], _data(r, torch.float32, count, 15)):
                 fail(f"all_gather into a strided output, count={count}: block of rank {r}: {m}")
+        one, ref = torch.zeros(count), torch.zeros(count)
+        dist.all_gather([one] * ws, _data(rank, torch.float32, count, 15))
+        dist.all_gather([ref] * ws, _data(rank, torch.float32, count, 15), group=launcher.gloo())
+        if m := mismatch(one, ref):
+            fail(f"all_gather into one tensor passed {ws} times, count={count}: vs gloo: {m}")
     # Outputs that are views of one buffer (the usual list(buf.unbind(0))).
     x = _data(rank, torch.int64, 513, 14)
     buf = torch.zeros(ws, 513, dtype=torch.int64)

@@ -73,6 +73,12 @@ inline PeerClosedError peerClosed(int rank, int peer, const std::string& channel
                              " connection; the peer's process exited or it closed its group)"));
 }
 
+// What an error about `peer` adds of the note it left (why it failed,
+// socket/connector.h): "" where it left none.
+inline std::string noteOfPeer(int peer, const std::string& note) {
+  return note.empty() ? "" : str("; peer ", peer, " had failed: ", note);
+}
+
 #define COLLX_CHECK(cond, ...)                          \
   do {                                                  \
     if (!(cond)) throw ::collx::Error(::collx::str(__VA_ARGS__)); \

@@ -1,5 +1,6 @@
 // The moving (non-reducing) collectives of CollxBackend: broadcast,
 // all_gather in its forms, gather, scatter, all_to_all.
+#include <algorithm>
 #include <cstring>
 
 #include "backend.h"
@@ -24,6 +25,27 @@ std::string allgatherInto(const Collective& c, const at::Tensor& input, const st
   collx::allgather(c, input.data_ptr(), blocks, size_t(input.numel()));
   if (useSharedWindows(c.transport, bytes * size_t(c.size()))) return "all_gather/shm";
   return allgatherDirect(c.size(), bytes) ? "all_gather/direct" : "all_gather/ring";
+}
+
+// Which outputs of a list all_gather receive their block where they lie:
+// the contiguous ones that overlap no other. The rest go through a slot of
+// the workspace each and are copied in rank order, so that where a caller
+// passed one tensor twice the later rank's block wins, as in gloo.
+std::vector<bool> receivesInPlace(const std::vector<at::Tensor>& outs) {
+  std::vector<bool> direct(outs.size());
+  std::vector<std::pair<const char*, size_t>> starts;  // (first byte, index)
+  for (size_t r = 0; r < outs.size(); ++r) {
+    direct[r] = outs[r].is_contiguous() && outs[r].nbytes() > 0;
+    if (direct[r]) starts.emplace_back(static_cast<const char*>(outs[r].data_ptr()), r);
+  }
+  // Blocks of one size overlap only where neighbours in address order do.
+  std::sort(starts.begin(), starts.end());
+  for (size_t k = 1; k < starts.size(); ++k) {
+    if (starts[k].first < starts[k - 1].first + outs[starts[k - 1].second].nbytes()) {
+      direct[starts[k].second] = direct[starts[k - 1].second] = false;
+    }
+  }
+  return direct;
 }
 
 }  // namespace
@@ -100,21 +122,19 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allgather(std::vector<std::vector<a
       checkSameShape(outputs[i], inputs[i], op, rank_, "output");
       all.insert(all.end(), outputs[i].begin(), outputs[i].end());
     }
-    // Contiguous outputs receive their blocks where they lie; the others
-    // through a slot of the workspace each.
     auto body = [this, inputs, outputs](const Collective& c) {
       std::string label;
       for (size_t i = 0; i < inputs.size(); ++i) {
         const std::vector<at::Tensor>& outs = outputs[i];
+        const std::vector<bool> direct = receivesInPlace(outs);
         const size_t bytes = inputs[i].nbytes();
-        char* const slots = copies_.get(std::max<size_t>(1, bytes * outs.size()));
+        const bool anySlot = std::count(direct.begin(), direct.end(), false) > 0;
+        char* const slots = anySlot ? copies_.get(std::max<size_t>(1, bytes * outs.size())) : nullptr;
         std::vector<void*> blocks;
-        for (size_t r = 0; r < outs.size(); ++r) {
-          blocks.push_back(outs[r].is_contiguous() && bytes > 0 ? outs[r].data_ptr() : slots + r * bytes);
-        }
+        for (size_t r = 0; r < outs.size(); ++r) blocks.push_back(direct[r] ? outs[r].data_ptr() : slots + r * bytes);
         label = allgatherInto(c, contiguousOf(inputs[i]), blocks);
         for (size_t r = 0; r < outs.size(); ++r) {
-          if (!outs[r].is_contiguous()) outs[r].copy_(overBytes(blocks[r], outs[r]));
+          if (!direct[r]) outs[r].copy_(overBytes(blocks[r], outs[r]));  // in rank order: the last of a repeat wins
         }
       }
       return label;

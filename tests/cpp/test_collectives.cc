@@ -77,24 +77,29 @@ void testBroadcast(Group& g, uint64_t& seq, size_t count, int root, size_t seg, 
   });
 }
 
-// `apart`: every block and the input in memory of its own, else laid end to
-// end with the input in place.
+// Where the blocks and the input lie: end to end with the input in place,
+// each in memory of its own, or end to end with every rank's input in block
+// 0 (another rank's block, which the op overwrites, on all but rank 0).
+enum class Layout { kInPlace, kApart, kInBlock0 };
+
 void testAllgather(Group& g, uint64_t& seq, size_t block, size_t seg, AllgatherFn run = allgather,
-                   bool apart = false) {
+                   Layout layout = Layout::kInPlace) {
   int n = int(g.devices.size());
   ++seq;
+  const bool apart = layout == Layout::kApart;
   test::runRanks(n, [&](int r) {
     std::vector<std::vector<uint8_t>> out(apart ? n + 1 : 1, std::vector<uint8_t>(apart ? block : block * n, 0));
     std::vector<void*> blocks = apart ? std::vector<void*>() : blocksAt<void*>(out[0].data(), n, block);
     for (int q = 0; apart && q < n; ++q) blocks.push_back(out[size_t(q)].data());
-    uint8_t* const in = apart ? out[size_t(n)].data() : static_cast<uint8_t*>(blocks[size_t(r)]);
+    uint8_t* const in = static_cast<uint8_t*>(apart ? out[size_t(n)].data()
+                                              : layout == Layout::kInBlock0 ? blocks[0] : blocks[size_t(r)]);
     for (size_t i = 0; i < block; ++i) in[i] = uint8_t(r * 37 + i);
     auto c = make(*g.devices[r], OpKind::kAllgather, DataType::kUInt8, seq, seg, 2);
     run(c, in, blocks, block);
     for (int q = 0; q < n; ++q) {
       for (size_t i = 0; i < block; ++i) {
         CHECK(static_cast<uint8_t*>(blocks[size_t(q)])[i] == uint8_t(q * 37 + i), "allgather n=", n, " rank=", r,
-              apart ? " (blocks apart)" : "");
+              " layout ", int(layout));
       }
     }
   });
@@ -225,17 +230,22 @@ void sweep(int n, shm::Mode transport) {
     testMaxInt64(g, seq, Algorithm::kTree, std::min<size_t>(count, 5000));
     for (int root = 0; root < n; ++root) testBroadcast(g, seq, std::min<size_t>(count, 30001), root, 1024, 2);
     testAllgather(g, seq, std::min<size_t>(count, 50001), 4096);
-    testAllgather(g, seq, std::min<size_t>(count, 50001), 4096, allgather, true);
+    testAllgather(g, seq, std::min<size_t>(count, 50001), 4096, allgather, Layout::kApart);
+    testAllgather(g, seq, std::min<size_t>(count, 50001), 4096, allgather, Layout::kInBlock0);
     testReduceScatter(g, seq, std::min<size_t>(count, 30001), 4096);
     for (int root = 0; root < n; ++root) testReduce(g, seq, std::min<size_t>(count, 30001), root, 1024);
     if (count == counts[5]) for (int root = 0; root < n; ++root) testReduce(g, seq, count, root, 1 << 16);
-    if (count == counts[5]) testAllgather(g, seq, count, 1 << 16, allgather, true);  // the ring over TCP
+    if (count == counts[5]) {  // the ring over TCP
+      testAllgather(g, seq, count, 1 << 16, allgather, Layout::kApart);
+      testAllgather(g, seq, count, 1 << 16, allgather, Layout::kInBlock0);
+    }
     if (transport == shm::Mode::kShm && n > 1) {
       // The shared-memory forms at every count, below the size where the
       // entry points take them too, and over many chunks of a window.
       for (int root = 0; root < n; ++root) testBroadcast(g, seq, count, root, 0, 0, shmBroadcast);
       testAllgather(g, seq, count == counts[5] ? 3 * count + 5 : count, 0, shmAllgather);
-      testAllgather(g, seq, count == counts[5] ? 3 * count + 5 : count, 0, shmAllgather, true);
+      testAllgather(g, seq, count == counts[5] ? 3 * count + 5 : count, 0, shmAllgather, Layout::kApart);
+      testAllgather(g, seq, count == counts[5] ? 3 * count + 5 : count, 0, shmAllgather, Layout::kInBlock0);
       // Out of place too: the inputs stay untouched.
       testReduceScatter(g, seq, std::min<size_t>(count, 300007), 0, [](const Collective& c, void* buf, size_t block,
                                                                        ReduceFn fn) {

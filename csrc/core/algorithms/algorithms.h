@@ -78,6 +78,10 @@ void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn)
 void allgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount);
 // The same on blocks laid end to end from `out`, this rank's in place.
 void allgather(const Collective& c, void* out, size_t blockCount);
+// The input of an all-gather as the op may read it: `in`, or this rank's
+// block where `in` overlaps a peer's block, which the op overwrites (the
+// input is copied there first).
+const void* allgatherSource(const void* in, const std::vector<void*>& blocks, int rank, size_t blockBytes);
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
 
 // The n blocks of `blockBytes` laid end to end from `base`.

@@ -26,6 +26,18 @@ void exchange(const Collective& c, const std::vector<Transfer>& sends,
   waitAll(c.transport, c.deadline);
 }
 
+const void* allgatherSource(const void* in, const std::vector<void*>& blocks, int rank, size_t blockBytes) {
+  const char* const a = static_cast<const char*>(in);
+  for (size_t r = 0; r < blocks.size(); ++r) {
+    const char* const b = static_cast<const char*>(blocks[r]);
+    if (int(r) != rank && a < b + blockBytes && b < a + blockBytes) {
+      std::memmove(blocks[size_t(rank)], in, blockBytes);
+      return blocks[size_t(rank)];
+    }
+  }
+  return in;
+}
+
 void allgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount) {
   const int n = c.size(), rank = c.rank();
   COLLX_CHECK(int(blocks.size()) == n, "collx rank ", rank, ": all_gather needs ", n, " blocks, got ", blocks.size());
@@ -43,14 +55,15 @@ void allgather(const Collective& c, const void* in, const std::vector<void*>& bl
     }
     return;
   }
-  if (blocks[size_t(rank)] != in) std::memmove(blocks[size_t(rank)], in, blockBytes);
+  const void* const source = allgatherSource(in, blocks, rank, blockBytes);
   std::vector<Transfer> sends, recvs;
   for (int peer = 0; peer < n; ++peer) {
     if (peer == rank) continue;
-    sends.push_back({peer, const_cast<void*>(in), blockBytes, c.frame(0)});
+    sends.push_back({peer, const_cast<void*>(source), blockBytes, c.frame(0)});
     recvs.push_back({peer, blocks[size_t(peer)], blockBytes, c.frame(0)});
   }
   exchange(c, sends, recvs);
+  if (blockBytes > 0 && blocks[size_t(rank)] != source) std::memmove(blocks[size_t(rank)], source, blockBytes);
 }
 
 void allgather(const Collective& c, void* out, size_t blockCount) {

@@ -62,7 +62,7 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
   const int n = c.size(), me = c.rank();
   const size_t es = elementSize(c.dtype);
   auto block = [&](int r) { return static_cast<char*>(blocks[size_t(r)]); };
-  const char* const mine = static_cast<const char*>(in);
+  const char* const mine = static_cast<const char*>(allgatherSource(in, blocks, me, blockCount * es));
 
   if (chunks.canReadPeers() && blockCount > chunks.halfElems()) {
     chunks.exposed(blockCount * es, n - 1);
@@ -82,7 +82,7 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
       chunks.moved(len * es, size_t(n - 1) * len * es);
     });
   }
-  if (block(me) != mine) std::memmove(block(me), mine, blockCount * es);
+  if (blockCount > 0 && block(me) != mine) std::memmove(block(me), mine, blockCount * es);
 }
 
 void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {

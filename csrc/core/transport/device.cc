@@ -76,7 +76,7 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
     for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
     local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport, options.readPeers,
                               deadline, [connector = connector_](int peer) { return connector->readNote(peer); });
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     // The peers in setup with this rank see its sockets close: the note,
     // left while they are still open, tells them why.
     connector_->leaveNote(e.what());

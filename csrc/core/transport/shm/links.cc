@@ -73,14 +73,13 @@ bool closedByPeer(int fd) {
 }
 
 // How long a wait for a local peer's key runs between checks that it lives.
-constexpr auto kLivenessCheck = std::chrono::milliseconds(200);
+constexpr auto kLivenessCheck = std::chrono::milliseconds(500);
 
 // What a rank sees when a local peer's socket closes during setup: the
 // peer's process is gone, or its setup failed and it left a note.
 PeerClosedError peerLeft(int rank, int peer, const NoteOf& noteOf) {
   const std::string note = noteOf ? noteOf(peer) : "";
-  return PeerClosedError(str(peerClosed(rank, peer, "shared-memory setup").what(),
-                             note.empty() ? "" : str("; peer ", peer, " had failed: ", note)));
+  return PeerClosedError(str(peerClosed(rank, peer, "shared-memory setup").what(), noteOfPeer(peer, note)));
 }
 
 // A local peer's key. The wait runs in slices, and between them the pair's
@@ -94,13 +93,13 @@ std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, in
     try {
       return store.get(key, std::clamp(left, std::chrono::milliseconds(0), kLivenessCheck));
     } catch (const TimeoutError&) {
+      if (closedByPeer(fd)) throw peerLeft(rank, peer, noteOf);
       if (left <= kLivenessCheck) {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
         throw TimeoutError(str("collx rank ", rank, ": timed out after ", waited.count(),
                                " ms waiting in the Store for ", key, ", which peer ", peer, " sets"));
       }
     }
-    if (closedByPeer(fd)) throw peerLeft(rank, peer, noteOf);
   }
 }
 

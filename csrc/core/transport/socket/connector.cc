@@ -28,6 +28,10 @@ constexpr auto kWakeCheck = std::chrono::milliseconds(1);
 // How long a failing rank waits for the Store to take its note (an abort
 // the user asks for must return within 100 ms).
 constexpr auto kNoteSetWait = std::chrono::milliseconds(20);
+// How long a reader waits for a note to appear: a failing rank closes its
+// connections kNoteSetWait after it sent its note at the latest, and a slow
+// Store may take the note only after the peers saw the close.
+constexpr auto kNoteLate = std::chrono::milliseconds(100);
 
 bool readable(int fd) {
   if (fd < 0) return false;
@@ -179,7 +183,7 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
     const std::string note = readNote(peer, std::min<Clock::duration>(kNoteWait, deadline - Clock::now()));
     throw PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank_, " could not connect to ",
                               addr.str(), ": the peer's process exited or it closed its group; ", e.what(), ")",
-                              note.empty() ? "" : str("; peer ", peer, " had failed: ", note)));
+                              noteOfPeer(peer, note)));
   }
   configure(s, peer);  // before the hello: a setting the kernel refuses fails here, not at the peer
   const Hello mine{kHelloMagic, rank_, dir_.size, channel, dir_.generation, dir_.token};
@@ -229,7 +233,7 @@ std::string askStore(std::function<std::string()> request, Clock::duration wait)
     std::string text;
     try {
       text = request();
-    } catch (const std::exception&) {  // the Store is gone too: the caller goes on without it
+    } catch (const std::exception&) {  // the Store is gone too, or the key never came: the caller goes on without it
     }
     std::lock_guard<std::mutex> lock(answer->mu);
     answer->text = std::move(text);
@@ -261,8 +265,8 @@ std::string Connector::readNote(int peer, Clock::duration wait) const {
   try {
     return askStore(
         [store = notes_, key = str(dir_.prefix, "left/", peer)] {
-          auto value = store->tryGet(key);
-          return value ? std::string(value->begin(), value->end()) : std::string();
+          const auto value = store->get(key, kNoteLate);  // none by then: askStore answers ""
+          return std::string(value.begin(), value.end());
         },
         wait);
   } catch (const std::exception&) {  // no thread to be had: the refusal alone
