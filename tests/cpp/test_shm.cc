@@ -150,7 +150,8 @@ void testPeerGoneDuringSetup() {
   }
   victim.join();
   ::close(pair[1]);
-  CHECK(error.find("Connection closed by peer 0") == 0 && error.find("peer 0 had failed: note of 0") != std::string::npos,
+  CHECK(error.find("Connection closed by peer 0") == 0 &&
+            error.find("peer 0 had failed: note of 0") != std::string::npos,
         "got: '", error, "'");
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
