@@ -34,6 +34,9 @@ ALGORITHMS = ["ring", "tree", "star", "direct", "hier", "shm", "auto"]
 # broadcast, all_gather and reduce_scatter run in shared memory when every rank
 # of the group is on this host with shared memory (algorithms/allreduce.cc).
 SHM_MIN_BYTES = 64 << 10
+# Below it, all_gather runs in shared memory from blocks of this size where the
+# ranks can read each other's memory (cross-memory attach).
+READ_IN_PLACE_MIN_BLOCK = 8 << 10
 
 
 def labels_delta(group, before):

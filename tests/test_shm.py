@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 torchcollx = pytest.importorskip("torchcollx")
 
-from common import SHM_MIN_BYTES, labels_delta  # noqa: E402
+from common import READ_IN_PLACE_MIN_BLOCK, SHM_MIN_BYTES, labels_delta  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 TABLE = {"COLLX_TUNING": "table"}  # no calibration cache to read or write as another user
@@ -154,7 +154,9 @@ def _moving_collectives(rank, ws):
     sums are exact in any order."""
     tcp = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="tcp"))
     out = []
-    for nbytes in (SHM_MIN_BYTES - 4 * ws, SHM_MIN_BYTES + 4 * ws, 3 * (1 << 20) + 4 * 7 * ws):
+    sizes = (ws * READ_IN_PLACE_MIN_BLOCK - 4 * ws, ws * READ_IN_PLACE_MIN_BLOCK, SHM_MIN_BYTES - 4 * ws,
+             SHM_MIN_BYTES + 4 * ws, 3 * (1 << 20) + 4 * 7 * ws)
+    for nbytes in sizes:
         total = nbytes // 4 // ws * ws  # float32 elements of the whole buffer
         block = total // ws
         results = {}
@@ -186,8 +188,9 @@ def _moving_collectives(rank, ws):
     return _backend().transport, out
 
 
-# The 3 MB point's all-gather has blocks over a window half: with
-# cross-memory attach the ranks read them from each other's buffers.
+# With cross-memory attach, all_gather and reduce_scatter read the peers'
+# blocks where they lie, and all_gather does so below SHM_MIN_BYTES too, from
+# blocks of READ_IN_PLACE_MIN_BLOCK; the 3 MB point spans several window halves.
 @pytest.mark.parametrize("cma", ["1", "0"], ids=lambda v: f"cma{v}")
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
 def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):
@@ -202,6 +205,8 @@ def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):
             on_shm = [label for label in shm_labels if label.endswith("/shm")]
             if nbytes >= SHM_MIN_BYTES:
                 assert on_shm == ["all_gather/shm", "broadcast/shm", "reduce_scatter/shm"], (nbytes, shm_labels)
+            elif cma == "1" and nbytes // ws >= READ_IN_PLACE_MIN_BLOCK:
+                assert on_shm == ["all_gather/shm"], (nbytes, shm_labels)
             else:
                 assert not on_shm, (nbytes, shm_labels)
 

@@ -3,9 +3,11 @@
 // naming the missing peer, a peer that leaves), the other collectives'
 // mismatches, hundreds of mixed ops back to back with a lagging rank, with
 // and without reading the peers' buffers in place, buffers refilled at once
-// after an all-gather read in place, a peer's cancel seen by a windows
-// op, which receives no message, and the bytes each carrier moved.
+// after an op read in place, a reduce-scatter's two orders giving the same
+// bits, a peer's cancel seen by a windows op, which receives no message, and
+// the bytes each carrier moved.
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "../../csrc/core/algorithms/algorithms.h"
@@ -103,7 +105,7 @@ void testWindowsMismatch(bool readPeers) {
   std::vector<std::string> errors(3);
   std::vector<char> untouched(3, 0);
   test::runRanks(3, [&](int r) {
-    const size_t block = readPeers ? 300000 : 5000;  // over a half: all-gather reads in place
+    const size_t block = 5000;
     std::vector<int32_t> buf(3 * block, r + 1);
     Workspace ws;
     Collective c{*g.devices[r], r == 2 ? OpKind::kAllgather : OpKind::kBroadcast, DataType::kInt32, 1,
@@ -133,9 +135,9 @@ void testWindowsMismatch(bool readPeers) {
 // waiting for the others between ops, one of them lagging now and then: a
 // rank may post its next op's first chunk before a slower peer has checked
 // this one's identity (which once read as a mismatch), and every value must
-// still come out right. All-gather and broadcast run through the windows
-// or, with readPeers, straight from the peers' buffers, whose owners must
-// not move on (and overwrite them) before every peer has read.
+// still come out right. All-gather and reduce-scatter run through the
+// windows or, with readPeers, straight from the peers' buffers, whose owners
+// must not move on (and overwrite them) before every peer has read.
 void testWindowsBackToBack(bool readPeers) {
   const int n = 3;
   Group g(n, over(shm::Mode::kShm, readPeers));
@@ -144,8 +146,9 @@ void testWindowsBackToBack(bool readPeers) {
     const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
     for (uint64_t seq = 1; seq <= 600; ++seq) {
       if (r == int(seq % n) && seq % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      // Some blocks are over a half, so that all-gather reads in place.
-      const size_t block = seq % 10 == 9 ? 300000 : 1 + seq % 5 * 1000;
+      // Some blocks are over a half (several chunks of the windows) and span
+      // several pieces of a reduce-scatter read in place.
+      const size_t block = seq % 10 == 9 || seq % 12 == 8 ? 300000 : 1 + seq % 5 * 1000;
       const OpKind kinds[] = {OpKind::kReduceScatter, OpKind::kAllgather, OpKind::kBroadcast, OpKind::kAllreduce};
       const OpKind kind = kinds[seq % 4];
       Collective c{*g.devices[r], kind, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20), 1 << 16, 2,
@@ -180,29 +183,84 @@ void testWindowsBackToBack(bool readPeers) {
   });
 }
 
-// All-gathers that read the peers' buffers in place, each rank refilling
-// its buffer for the next op as soon as one returns (as a training loop
-// does): no rank may return while a peer still reads its buffer, or that
-// peer copies some of the next op's values.
+// All-gathers and reduce-scatters that read the peers' buffers in place,
+// each rank refilling its buffer for the next op as soon as one returns (as
+// a training loop does): no rank may return while a peer still reads its
+// buffer, or that peer copies some of the next op's values.
 void testReadInPlaceKeepsBuffers() {
   const int n = 3;
-  const size_t block = 300000;  // over a half
+  const size_t block = 300000;  // several pieces of a reduce-scatter's reads
   Group g(n, over(shm::Mode::kShm));
   test::runRanks(n, [&](int r) {
     Workspace ws;
-    std::vector<int32_t> buf(n * block);
+    const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
+    std::vector<int32_t> buf(n * block), out(block);
     for (uint64_t seq = 1; seq <= 100; ++seq) {
       std::fill(buf.begin(), buf.end(), int32_t(seq * 10 + r));
-      Collective c{*g.devices[r], OpKind::kAllgather, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20),
-                   1 << 16, 2, ws};
-      shmAllgatherFlat(c, buf.data(), block);
-      for (int q = 0; q < n; ++q) {
-        const auto from = buf.begin() + q * block;
-        CHECK(std::all_of(from, from + block, [&](int32_t v) { return v == int32_t(seq * 10 + q); }),
-              "all_gather #", seq, " rank ", r, ": block ", q, " holds another op's values");
+      const bool gather = seq % 2 == 1;
+      Collective c{*g.devices[r], gather ? OpKind::kAllgather : OpKind::kReduceScatter, DataType::kInt32, seq,
+                   Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
+      if (gather) {
+        shmAllgatherFlat(c, buf.data(), block);
+        for (int q = 0; q < n; ++q) {
+          const auto from = buf.begin() + q * block;
+          CHECK(std::all_of(from, from + block, [&](int32_t v) { return v == int32_t(seq * 10 + q); }),
+                "all_gather #", seq, " rank ", r, ": block ", q, " holds another op's values");
+        }
+      } else {
+        shmReduceScatter(c, blocksAt<const void*>(buf.data(), n, block * sizeof(int32_t)), out.data(), block, sum);
+        const int32_t want = int32_t(seq * 10 * n + n * (n - 1) / 2);
+        CHECK(std::all_of(out.begin(), out.end(), [&](int32_t v) { return v == want; }), "reduce_scatter #", seq,
+              " rank ", r, ": a sum took another op's values");
       }
     }
   });
+}
+
+// A float reduce-scatter gives the same bits read in place as through the
+// windows (both add a rank's own block first, then the peers' in rank
+// order), on blocks that lie apart; and an output that overlaps a block the
+// peers read (here every rank's output is its input block 0, which only rank
+// 0 reduces) still gets the right sum: the peers must not read what this
+// rank already wrote, and every rank must take the same form.
+void testReduceScatterOrders() {
+  const int n = 3;
+  const size_t block = 70000;  // several pieces of the reads in place
+  std::vector<std::vector<float>> results[2];
+  for (bool readPeers : {false, true}) {
+    Group g(n, over(shm::Mode::kShm, readPeers));
+    results[readPeers].resize(n);
+    test::runRanks(n, [&](int r) {
+      Workspace ws;
+      const ReduceFn sum = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
+      std::vector<std::vector<float>> in(n, std::vector<float>(block));
+      for (int q = 0; q < n; ++q) {
+        for (size_t i = 0; i < block; ++i) in[q][i] = float(int(i % 7) - 3) * (r == 1 ? 1e8f : 1.0f) + 0.1f * r + q;
+      }
+      std::vector<const void*> blocks;
+      for (auto& b : in) blocks.push_back(b.data());
+      std::vector<float> out(block);
+      Collective c{*g.devices[r], OpKind::kReduceScatter, DataType::kFloat32, 1,
+                   Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
+      shmReduceScatter(c, blocks, out.data(), block, sum);
+      results[readPeers][r] = out;
+
+      std::vector<int32_t> flat(n * block);
+      for (size_t i = 0; i < flat.size(); ++i) flat[i] = int32_t(i) * (r + 1);
+      Collective c2{*g.devices[r], OpKind::kReduceScatter, DataType::kInt32, 2,
+                    Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
+      shmReduceScatter(c2, blocksAt<const void*>(flat.data(), n, block * sizeof(int32_t)), flat.data(), block,
+                       cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+      for (size_t i = 0; i < block; ++i) {
+        const int32_t want = int32_t(size_t(r) * block + i) * (n * (n + 1) / 2);
+        CHECK(flat[i] == want, "rank ", r, " (output over block 0) element ", i, ": ", flat[i], " != ", want);
+      }
+    });
+  }
+  for (int r = 0; r < n; ++r) {
+    CHECK(std::memcmp(results[0][r].data(), results[1][r].data(), block * sizeof(float)) == 0, "rank ", r,
+          ": the reduce-scatter read in place gave other bits than through the windows");
+  }
 }
 
 // Rank 1 rejects op #1 (cancels it) while rank 0, its root, sends and so
@@ -249,7 +307,8 @@ void testCancelBeforeWindowsOp() {
 // rank's bytes once in (sent: the peers' slices of its input, and its own
 // slice reduced) and its share out twice (received, reduce and
 // gather): 2(n-1) x bytes received over the group, nothing over the rings.
-// An all-gather read in place moves (n-1) blocks per rank by peer memory.
+// An all-gather or reduce-scatter read in place moves (n-1) blocks per rank
+// by peer memory.
 void testCountersByCarrier() {
   const int n = 3;
   const size_t count = 3 << 20;  // floats: several chunks
@@ -293,6 +352,23 @@ void testCountersByCarrier() {
     CHECK(got == (n - 1) * block * sizeof(int32_t), "rank ", r, ": all_gather received ", got, " by ",
           name(Carrier(carrier)));
   }
+
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    std::vector<int32_t> buf(n * block, r), out(block);
+    before[r] = g.devices[r]->counters();
+    Collective c{*g.devices[r], OpKind::kReduceScatter, DataType::kInt32, 3, Clock::now() + std::chrono::seconds(20),
+                 1 << 16, 2, ws};
+    shmReduceScatter(c, blocksAt<const void*>(buf.data(), n, block * sizeof(int32_t)), out.data(), block,
+                     cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+    after[r] = g.devices[r]->counters();
+  });
+  for (int r = 0; r < n; ++r) {
+    const uint64_t got = after[r].received[carrier] - before[r].received[carrier];
+    const uint64_t sent = after[r].sent[carrier] - before[r].sent[carrier];
+    CHECK(got == (n - 1) * block * sizeof(int32_t) && sent == got, "rank ", r, ": reduce_scatter received ", got,
+          " and sent ", sent, " by ", name(Carrier(carrier)));
+  }
 }
 
 int main() {
@@ -303,7 +379,9 @@ int main() {
     testWindowsBackToBack(readPeers);
   }
   testReadInPlaceKeepsBuffers();
+  testReduceScatterOrders();
   testCancelBeforeWindowsOp();
-  std::printf("shm windows: failures, mismatches, back to back, read in place, cancel, counters ok\n");
+  std::printf("shm windows: failures, mismatches, back to back, read in place, reduce-scatter orders, cancel, "
+              "counters ok\n");
   return 0;
 }

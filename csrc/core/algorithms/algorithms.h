@@ -70,7 +70,7 @@ void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn)
 
 // All-gather of `blockCount` elements per rank into `blocks`, wherever they
 // lie: rank r's block, read from its `in` (which may be its blocks[r]),
-// ends in blocks[r] on every rank. In shared memory where useSharedWindows,
+// ends in blocks[r] on every rank. In shared memory where allgatherInShm,
 // else direct exchange for small blocks, ring for large ones. Shared memory
 // and the direct exchange write the blocks where they lie; the ring runs on
 // blocks laid end to end, and copies through the workspace where they are
@@ -83,6 +83,12 @@ void allgather(const Collective& c, void* out, size_t blockCount);
 // input is copied there first).
 const void* allgatherSource(const void* in, const std::vector<void*>& blocks, int rank, size_t blockBytes);
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
+// Whether all_gather of `blockBytes` per rank runs in shared memory: where
+// useSharedWindows for the whole output, or from kReadInPlaceMinBlockBytes
+// where the ranks can read each other's memory (SharedWindows::canReadPeers):
+// one copy per byte received, against two through the rings or windows.
+bool allgatherInShm(const Transport& t, size_t blockBytes);
+constexpr size_t kReadInPlaceMinBlockBytes = 8 << 10;
 
 // The n blocks of `blockBytes` laid end to end from `base`.
 template <typename Pointer>  // void* or const void*
@@ -104,7 +110,8 @@ void shmBroadcast(const Collective& c, void* buf, size_t count, int root);
 void shmAllgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount);
 // Its reduce-scatter reads the n input blocks where they lie and writes this
 // rank's result to `out` (which may be blocks[rank]); the inputs stay as
-// they were, so a caller needs no private copy of them.
+// they were, so a caller needs no private copy of them. Where the ranks can
+// read each other's memory, both read the peers' blocks in place.
 void shmReduceScatter(const Collective& c, const std::vector<const void*>& blocks, void* out, size_t blockCount,
                       ReduceFn fn);
 

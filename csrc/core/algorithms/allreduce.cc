@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../error.h"
+#include "../transport/shared_windows.h"
 #include "algorithms.h"
 #include "refine.h"
 #include "tuning.h"
@@ -32,6 +33,12 @@ Algorithm parseAlgorithm(const char* s) {
 }
 
 bool useSharedWindows(const Transport& t, size_t bytes) { return bytes >= kShmMinBytes && t.sharedWindows(); }
+
+bool allgatherInShm(const Transport& t, size_t blockBytes) {
+  const SharedWindows* w = t.sharedWindows();
+  return w && (blockBytes * size_t(t.size()) >= kShmMinBytes ||
+               (blockBytes >= kReadInPlaceMinBlockBytes && w->canReadPeers()));
+}
 
 Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes) {
   if (algo != Algorithm::kAuto) return algo;

@@ -85,6 +85,13 @@ void ShmChunks::checkIdentity() {
   }
 }
 
+void ShmChunks::postAddresses(const std::vector<const void*>& addresses) {
+  COLLX_CHECK(addresses.size() * sizeof(uint64_t) <= w_.halfBytes(), "collx rank ", c_.rank(),
+              ": a shared window is too small for ", addresses.size(), " addresses");
+  auto* table = reinterpret_cast<uint64_t*>(half(c_.rank()));  // post() publishes it
+  for (size_t i = 0; i < addresses.size(); ++i) table[i] = uint64_t(uintptr_t(addresses[i]));
+}
+
 void ShmChunks::reduced() {
   mine_.reduced.store(k_ + 1, std::memory_order_seq_cst);
   w_.publish();

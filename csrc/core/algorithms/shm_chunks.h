@@ -23,12 +23,13 @@
 //
 // Where every rank can read the others' memory (cross-memory attach,
 // SharedWindows::canReadPeers), readInPlace() runs an op as one chunk that
-// moves nothing through the windows: each rank posts where its data lies,
-// the peers copy it straight from there (read()), and a last round keeps
-// every rank's buffer in place until all have read it:
+// moves nothing through the windows: each rank posts where its data lies (a
+// table of addresses at the head of its half), the peers copy it straight
+// from there (read()), and a last round keeps every rank's data in place
+// until all have read it:
 //
-//   begin(); post(my address); ... read() the peers' data ...; gathered();
-//   wait until every rank has gathered
+//   begin(); my addresses into my half; post(); ... read() the peers' data
+//   ...; gathered(); wait until every rank has gathered
 #pragma once
 
 #include <algorithm>
@@ -71,21 +72,22 @@ class ShmChunks {
   void moved(size_t sent, size_t received) { w_.count(Carrier::kShmWindow, sent, received); }
 
   bool canReadPeers() const { return w_.canReadPeers(); }
-  // Runs read() as above, with `source` (this rank's data) posted.
+  // Runs read() as above, with `addresses` (where this rank's data lies) posted.
   template <class Read>
-  void readInPlace(const void* source, Read&& read) {
+  void readInPlace(const std::vector<const void*>& addresses, Read&& read) {
     begin();
-    mine_.op[k_ % 2].source.store(uintptr_t(source), std::memory_order_relaxed);  // post() publishes it
+    postAddresses(addresses);
     post();
     read();
     gathered();
     waitAll(&WindowControl::gathered, k_ + 1, "read");
   }
-  // This rank's data that `readers` peers copy from its memory (readInPlace).
-  void exposed(size_t bytes, int readers) { w_.count(Carrier::kPeerMemory, bytes * size_t(readers), 0); }
-  // Copies the first `bytes` of the data rank r posted into dst.
-  void read(int r, void* dst, size_t bytes) {
-    w_.readPeer(r, w_.control(r).op[k_ % 2].source.load(std::memory_order_relaxed), dst, bytes);
+  // This rank's data that peers copy from its memory (readInPlace), in bytes
+  // summed over the readers.
+  void exposed(size_t bytes) { w_.count(Carrier::kPeerMemory, bytes, 0); }
+  // Copies `bytes` from `offset` bytes past the i-th address rank r posted into dst.
+  void read(int r, size_t i, size_t offset, void* dst, size_t bytes) {
+    w_.readPeer(r, reinterpret_cast<const uint64_t*>(half(r))[i] + offset, dst, bytes);
   }
 
  private:
@@ -95,6 +97,7 @@ class ShmChunks {
   // Waits until every rank's `which` has reached `k`.
   void waitAll(Counter which, uint64_t k, const char* step);
   void checkIdentity();
+  void postAddresses(const std::vector<const void*>& addresses);
 
   const Collective& c_;
   SharedWindows& w_;

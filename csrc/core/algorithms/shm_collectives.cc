@@ -1,27 +1,41 @@
 // Reduce-scatter, all-gather and broadcast in shared memory, for a group
 // whose ranks all share this host (Transport::sharedWindows), in the chunk
-// protocol of shm_chunks.h. Each moves a chunk at a time through the
-// windows; none sends a message, and none needs the reduction round.
+// protocol of shm_chunks.h. None sends a message, and none needs the
+// reduction round.
+//
+// Where every rank can read the others' memory (ShmChunks::readInPlace),
+// reduce-scatter and all-gather copy straight from the peers' buffers, in
+// one chunk: one copy per byte received instead of two (into a window and
+// out), for one more round at the end.
 //
 //   reduce-scatter (n blocks in; rank r writes the sum of block r out)
+//     1. post the addresses of my n blocks
+//     2. out = my block me; then for every peer in rank order, a piece at
+//        a time: read piece of its block me into scratch, out's piece += it
+//        (pieces of kReadPieceBytes keep the scratch in cache)
+//
+//   all-gather (rank r's block from its `in` into blocks[r] everywhere)
+//     1. post the address of my block
+//     2. read every peer's block into blocks[peer]
+//
+// Else they stream through the windows a chunk at a time:
+//
+//   reduce-scatter
 //     1. copy piece j of every block j != me into my half; post
 //     2. out's piece = my block's piece + piece me of every peer's half,
 //        in rank order
 //
-//   all-gather (rank r's block from its `in` into blocks[r] everywhere)
+//   all-gather
 //     1. copy a piece of my block into my half; post
 //     2. copy the same piece of every peer's block from its half
 //
-//   broadcast
+// Broadcast always takes the windows: the root's copy-in overlaps the
+// readers' copies, and reading in place was slower (docs/measurements.md):
 //     1. the root copies a piece of the buffer into its half; post
 //     2. every other rank copies it out of the root's half
 //
-// An all-gather of blocks larger than a half (more than one chunk) copies
-// straight from the peers' buffers instead, in one round, where every rank
-// can read the others' memory (ShmChunks::readInPlace): one copy per byte
-// received, not two, for one more round at the end, which only pays once
-// the blocks are large. Broadcast keeps the windows: there the root's
-// copy-in overlaps the readers' copies, and reading in place was slower.
+// Both orders of reduce-scatter add the same values in the same order, so
+// the result does not depend on which one ran.
 #include <algorithm>
 #include <cstring>
 
@@ -30,6 +44,52 @@
 #include "shm_chunks.h"
 
 namespace collx {
+
+namespace {
+
+// The unit of a reduce-scatter's reads in place: small enough that the
+// scratch it reads into stays in cache while it is reduced, large enough
+// that a read's system call is a small part of it.
+constexpr size_t kReadPieceBytes = 128 << 10;
+
+// Scratch for those reads, one per thread that runs ops: apart from the
+// group's workspace, which the caller's blocks may lie in.
+char* readScratch() {
+  alignas(64) thread_local char scratch[kReadPieceBytes];
+  return scratch;
+}
+
+void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vector<const void*>& blocks, char* out,
+                          size_t blockCount, ReduceFn fn) {
+  const int n = c.size(), me = c.rank();
+  const size_t es = elementSize(c.dtype), bytes = blockCount * es;
+  const size_t pieceElems = std::max<size_t>(1, kReadPieceBytes / es);
+  // The peers read this rank's blocks until the op's last round: where `out`
+  // overlaps one of them, the sum is made apart and copied out after it.
+  bool outApart = true;
+  for (int r = 0; r < n; ++r) {
+    const char* b = static_cast<const char*>(blocks[size_t(r)]);
+    outApart = outApart && (r == me || out >= b + bytes || b >= out + bytes);
+  }
+  std::vector<char> apart(outApart ? 0 : bytes);
+  char* const dst = outApart ? out : apart.data();
+  chunks.exposed(bytes * size_t(n - 1));
+  chunks.readInPlace(blocks, [&] {
+    if (bytes > 0 && dst != blocks[size_t(me)]) std::memmove(dst, blocks[size_t(me)], bytes);
+    char* const scratch = readScratch();
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      for (size_t done = 0; done < blockCount; done += pieceElems) {
+        const size_t len = std::min(pieceElems, blockCount - done);
+        chunks.read(r, size_t(me), done * es, scratch, len * es);
+        fn(dst + done * es, scratch, len);
+      }
+    }
+  });
+  if (!outApart && bytes > 0) std::memcpy(out, dst, bytes);
+}
+
+}  // namespace
 
 void shmReduceScatter(const Collective& c, const std::vector<const void*>& blocks, void* out, size_t blockCount,
                       ReduceFn fn) {
@@ -42,6 +102,8 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
   COLLX_CHECK(pieceElems > 0, "collx rank ", me, ": a shared window is too small for ", n, " ranks");
   auto block = [&](int r) { return static_cast<const char*>(blocks[size_t(r)]); };
   char* const result = static_cast<char*>(out);
+  // Every rank takes the same form: canReadPeers is the group's.
+  if (chunks.canReadPeers()) return reduceScatterInPlace(chunks, c, blocks, result, blockCount, fn);
 
   chunks.forEach(blockCount, pieceElems, [&](size_t done, size_t len) {
     for (int r = 0; r < n; ++r) {
@@ -64,12 +126,12 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
   auto block = [&](int r) { return static_cast<char*>(blocks[size_t(r)]); };
   const char* const mine = static_cast<const char*>(allgatherSource(in, blocks, me, blockCount * es));
 
-  if (chunks.canReadPeers() && blockCount > chunks.halfElems()) {
-    chunks.exposed(blockCount * es, n - 1);
-    chunks.readInPlace(mine, [&] {
+  if (chunks.canReadPeers()) {
+    chunks.exposed(blockCount * es * size_t(n - 1));
+    chunks.readInPlace({mine}, [&] {
       for (int i = 1; i < n; ++i) {
         const int r = (me + i) % n;  // not every rank reading rank 0 first
-        chunks.read(r, block(r), blockCount * es);
+        if (blockCount > 0) chunks.read(r, 0, 0, block(r), blockCount * es);
       }
     });
   } else {

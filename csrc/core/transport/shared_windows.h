@@ -46,9 +46,6 @@ struct alignas(64) WindowControl {
     std::atomic<uint32_t> kind;
     std::atomic<uint32_t> dtype;
     std::atomic<uint32_t> root;   // a broadcast's
-    // Where this op's data lies in the poster's memory, for peers that read
-    // it there (SharedWindows::readPeer); not part of the identity.
-    std::atomic<uint64_t> source;
   } op[2];
 };
 
