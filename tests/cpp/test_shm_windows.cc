@@ -146,9 +146,9 @@ void testWindowsBackToBack(bool readPeers) {
     const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
     for (uint64_t seq = 1; seq <= 600; ++seq) {
       if (r == int(seq % n) && seq % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      // Some blocks are over a half (several chunks of the windows) and span
-      // several pieces of a reduce-scatter read in place.
-      const size_t block = seq % 10 == 9 || seq % 12 == 8 ? 300000 : 1 + seq % 5 * 1000;
+      // Some blocks are over a half (several chunks of the windows), some
+      // span several pieces of a reduce-scatter read in place.
+      const size_t block = seq % 10 == 9 ? 300000 : seq % 12 == 8 ? 200000 : 1 + seq % 5 * 1000;
       const OpKind kinds[] = {OpKind::kReduceScatter, OpKind::kAllgather, OpKind::kBroadcast, OpKind::kAllreduce};
       const OpKind kind = kinds[seq % 4];
       Collective c{*g.devices[r], kind, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20), 1 << 16, 2,
@@ -189,7 +189,7 @@ void testWindowsBackToBack(bool readPeers) {
 // buffer, or that peer copies some of the next op's values.
 void testReadInPlaceKeepsBuffers() {
   const int n = 3;
-  const size_t block = 300000;  // several pieces of a reduce-scatter's reads
+  const size_t block = 200000;  // several pieces of a reduce-scatter's reads in place
   Group g(n, over(shm::Mode::kShm));
   test::runRanks(n, [&](int r) {
     Workspace ws;
@@ -355,18 +355,19 @@ void testCountersByCarrier() {
 
   test::runRanks(n, [&](int r) {
     Workspace ws;
-    std::vector<int32_t> buf(n * block, r), out(block);
+    const size_t rsBlock = 200000;  // read in place (up to 1 MiB blocks)
+    std::vector<int32_t> buf(n * rsBlock, r), out(rsBlock);
     before[r] = g.devices[r]->counters();
     Collective c{*g.devices[r], OpKind::kReduceScatter, DataType::kInt32, 3, Clock::now() + std::chrono::seconds(20),
                  1 << 16, 2, ws};
-    shmReduceScatter(c, blocksAt<const void*>(buf.data(), n, block * sizeof(int32_t)), out.data(), block,
+    shmReduceScatter(c, blocksAt<const void*>(buf.data(), n, rsBlock * sizeof(int32_t)), out.data(), rsBlock,
                      cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
     after[r] = g.devices[r]->counters();
   });
   for (int r = 0; r < n; ++r) {
     const uint64_t got = after[r].received[carrier] - before[r].received[carrier];
     const uint64_t sent = after[r].sent[carrier] - before[r].sent[carrier];
-    CHECK(got == (n - 1) * block * sizeof(int32_t) && sent == got, "rank ", r, ": reduce_scatter received ", got,
+    CHECK(got == (n - 1) * 200000 * sizeof(int32_t) && sent == got, "rank ", r, ": reduce_scatter received ", got,
           " and sent ", sent, " by ", name(Carrier(carrier)));
   }
 }

@@ -29,7 +29,7 @@
 // until all have read it:
 //
 //   begin(); my addresses into my half; post(); ... read() the peers' data
-//   ...; gathered(); wait until every rank has gathered
+//   ...; gathered(); ... meanwhile() ...; wait until every rank has gathered
 #pragma once
 
 #include <algorithm>
@@ -72,14 +72,17 @@ class ShmChunks {
   void moved(size_t sent, size_t received) { w_.count(Carrier::kShmWindow, sent, received); }
 
   bool canReadPeers() const { return w_.canReadPeers(); }
-  // Runs read() as above, with `addresses` (where this rank's data lies) posted.
-  template <class Read>
-  void readInPlace(const std::vector<const void*>& addresses, Read&& read) {
+  // Runs read() as above, with `addresses` (where this rank's data lies)
+  // posted; then meanwhile(), local work that must not touch the posted
+  // data, while the peers may still read it.
+  template <class Read, class Meanwhile>
+  void readInPlace(const std::vector<const void*>& addresses, Read&& read, Meanwhile&& meanwhile) {
     begin();
     postAddresses(addresses);
     post();
     read();
     gathered();
+    meanwhile();
     waitAll(&WindowControl::gathered, k_ + 1, "read");
   }
   // This rank's data that peers copy from its memory (readInPlace), in bytes

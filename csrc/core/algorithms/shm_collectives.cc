@@ -4,9 +4,10 @@
 // reduction round.
 //
 // Where every rank can read the others' memory (ShmChunks::readInPlace),
-// reduce-scatter and all-gather copy straight from the peers' buffers, in
-// one chunk: one copy per byte received instead of two (into a window and
-// out), for one more round at the end.
+// all-gather, and reduce-scatter of blocks up to kReadInPlaceMaxBlockBytes,
+// copy straight from the peers' buffers, in one chunk: one copy per byte
+// received instead of two (into a window and out), for one more round at
+// the end.
 //
 //   reduce-scatter (n blocks in; rank r writes the sum of block r out)
 //     1. post the addresses of my n blocks
@@ -51,6 +52,10 @@ namespace {
 // scratch it reads into stays in cache while it is reduced, large enough
 // that a read's system call is a small part of it.
 constexpr size_t kReadPieceBytes = 128 << 10;
+// Larger blocks of a reduce-scatter stream through the windows: there the
+// reads in place gained nothing with two ranks and lost with more ranks than
+// cores (docs/measurements.md).
+constexpr size_t kReadInPlaceMaxBlockBytes = 1 << 20;
 
 // Scratch for those reads, one per thread that runs ops: apart from the
 // group's workspace, which the caller's blocks may lie in.
@@ -85,7 +90,7 @@ void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vec
         fn(dst + done * es, scratch, len);
       }
     }
-  });
+  }, [] {});
   if (!outApart && bytes > 0) std::memcpy(out, dst, bytes);
 }
 
@@ -102,8 +107,11 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
   COLLX_CHECK(pieceElems > 0, "collx rank ", me, ": a shared window is too small for ", n, " ranks");
   auto block = [&](int r) { return static_cast<const char*>(blocks[size_t(r)]); };
   char* const result = static_cast<char*>(out);
-  // Every rank takes the same form: canReadPeers is the group's.
-  if (chunks.canReadPeers()) return reduceScatterInPlace(chunks, c, blocks, result, blockCount, fn);
+  // Every rank takes the same form: canReadPeers is the group's, and the
+  // block size the same everywhere.
+  if (chunks.canReadPeers() && blockCount * es <= kReadInPlaceMaxBlockBytes) {
+    return reduceScatterInPlace(chunks, c, blocks, result, blockCount, fn);
+  }
 
   chunks.forEach(blockCount, pieceElems, [&](size_t done, size_t len) {
     for (int r = 0; r < n; ++r) {
@@ -125,15 +133,29 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
   const size_t es = elementSize(c.dtype);
   auto block = [&](int r) { return static_cast<char*>(blocks[size_t(r)]); };
   const char* const mine = static_cast<const char*>(allgatherSource(in, blocks, me, blockCount * es));
+  const size_t bytes = blockCount * es;
+  auto placeMine = [&] {
+    if (bytes > 0 && block(me) != mine) std::memmove(block(me), mine, bytes);
+  };
 
   if (chunks.canReadPeers()) {
-    chunks.exposed(blockCount * es * size_t(n - 1));
-    chunks.readInPlace({mine}, [&] {
-      for (int i = 1; i < n; ++i) {
-        const int r = (me + i) % n;  // not every rank reading rank 0 first
-        if (blockCount > 0) chunks.read(r, 0, 0, block(r), blockCount * es);
-      }
-    });
+    // This rank's own block is copied while the peers read its input, where
+    // that copy leaves the input as they read it.
+    const bool apart = mine >= block(me) + bytes || block(me) >= mine + bytes;
+    chunks.exposed(bytes * size_t(n - 1));
+    chunks.readInPlace(
+        {mine},
+        [&] {
+          for (int i = 1; i < n; ++i) {
+            const int r = (me + i) % n;  // not every rank reading rank 0 first
+            if (bytes > 0) chunks.read(r, 0, 0, block(r), bytes);
+          }
+        },
+        [&] {
+          if (apart) placeMine();
+        });
+    if (!apart) placeMine();
+    return;
   } else {
     chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
       std::memcpy(chunks.half(me), mine + done * es, len * es);
@@ -144,7 +166,7 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
       chunks.moved(len * es, size_t(n - 1) * len * es);
     });
   }
-  if (blockCount > 0 && block(me) != mine) std::memmove(block(me), mine, blockCount * es);
+  placeMine();
 }
 
 void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {
