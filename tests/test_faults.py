@@ -1,6 +1,7 @@
 """Peers that die or stall, with real processes: a rank SIGKILLed before or
-during a 64 MB all_reduce (or, over shared memory, a 64 MB all_gather, whose
-ranks may read each other's buffers in place), and a rank stopped with SIGSTOP. The survivors must
+during a 64 MB all_reduce (or, over shared memory, a 64 MB all_gather or a
+reduce_scatter of 1 MiB blocks, whose ranks may read each other's buffers in
+place), and a rank stopped with SIGSTOP. The survivors must
 raise DistBackendError naming the op, their rank and the peer: a dead peer
 within 5 s (the group timeout is 60 s, so it is not the timeout that fires), a
 stalled one at the per-op timeout, else at the group timeout. A later op on
@@ -48,9 +49,12 @@ def _dead_peer(rank, ws, victim, when, stamp, op):
     if op == "all_reduce":
         big = torch.ones(BIG)
         run = lambda: dist.all_reduce(big)  # noqa: E731
-    else:
+    elif op == "all_gather":
         out, block = torch.empty(BIG // ws * ws), torch.ones(BIG // ws)
         run = lambda: dist.all_gather_into_tensor(out, block)  # noqa: E731
+    else:
+        blocks, out = torch.ones(ws << 18), torch.empty(1 << 18)  # 1 MiB blocks: read in place
+        run = lambda: dist.reduce_scatter_tensor(out, blocks)  # noqa: E731
 
     def die():
         with open(stamp, "w") as f:
@@ -66,7 +70,8 @@ def _dead_peer(rank, ws, victim, when, stamp, op):
     if when == "before":
         time.sleep(0.5)
     first = None
-    for _ in range(200):  # "during": back-to-back ops until the kill lands
+    until = time.time() + 20
+    while time.time() < until:  # "during": back-to-back ops until the kill lands
         first = _attempt(run)
         if first[0] != "ok":
             break
@@ -82,7 +87,8 @@ def _dead_peer(rank, ws, victim, when, stamp, op):
             "destroy_took": destroy_took, "initialized": dist.is_initialized()}
 
 
-@pytest.mark.parametrize("transport,op", [("shm", "all_reduce"), ("tcp", "all_reduce"), ("shm", "all_gather")])
+@pytest.mark.parametrize("transport,op", [("shm", "all_reduce"), ("tcp", "all_reduce"), ("shm", "all_gather"),
+                                          ("shm", "reduce_scatter")])
 @pytest.mark.parametrize("when", ["before", "during"])
 @pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
 def test_dead_peer_fails_every_survivor_fast(ws, when, transport, op, tmp_path):

@@ -335,7 +335,7 @@ void testCountersByCarrier() {
   CHECK(sent == uint64_t(n) * bytes, "windows sent ", sent, ", expected ", n * bytes);
   CHECK(received == uint64_t(2 * (n - 1)) * bytes, "windows received ", received, ", expected ", 2 * (n - 1) * bytes);
 
-  const size_t block = 300000;  // over a half: read in place where peers' memory can be read
+  const size_t block = 300000;  // read in place where peers' memory can be read
   test::runRanks(n, [&](int r) {
     Workspace ws;
     std::vector<int32_t> buf(n * block, r);

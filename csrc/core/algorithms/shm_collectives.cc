@@ -156,16 +156,15 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
         });
     if (!apart) placeMine();
     return;
-  } else {
-    chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
-      std::memcpy(chunks.half(me), mine + done * es, len * es);
-      chunks.post();
-      for (int r = 0; r < n; ++r) {
-        if (r != me) std::memcpy(block(r) + done * es, chunks.half(r), len * es);
-      }
-      chunks.moved(len * es, size_t(n - 1) * len * es);
-    });
   }
+  chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
+    std::memcpy(chunks.half(me), mine + done * es, len * es);
+    chunks.post();
+    for (int r = 0; r < n; ++r) {
+      if (r != me) std::memcpy(block(r) + done * es, chunks.half(r), len * es);
+    }
+    chunks.moved(len * es, size_t(n - 1) * len * es);
+  });
   placeMine();
 }
 
