@@ -1,7 +1,7 @@
 """Peers that die or stall, with real processes: a rank SIGKILLed before or
-during a 64 MB all_reduce (or, over shared memory, a 64 MB all_gather or a
-reduce_scatter of 1 MiB blocks, whose ranks may read each other's buffers in
-place), and a rank stopped with SIGSTOP. The survivors must
+during a 64 MB all_reduce (or, over shared memory, an 8 MB all_reduce, a 64 MB
+all_gather or a reduce_scatter of 1 MiB blocks, whose ranks may read each
+other's buffers in place), and a rank stopped with SIGSTOP. The survivors must
 raise DistBackendError naming the op, their rank and the peer: a dead peer
 within 5 s (the group timeout is 60 s, so it is not the timeout that fires), a
 stalled one at the per-op timeout, else at the group timeout. A later op on
@@ -41,13 +41,13 @@ def _attempt(fn):
 
 # ------------------------------------------------------------------ dead peer
 
-def _dead_peer(rank, ws, victim, when, stamp, op):
+def _dead_peer(rank, ws, victim, when, stamp, op, count):
     """The victim SIGKILLs itself, `when` = "before" the survivors' `op`
     or "during" a loop of them; it writes the kill time to `stamp` first."""
     x = torch.ones(1000)
     dist.all_reduce(x)  # the group works
     if op == "all_reduce":
-        big = torch.ones(BIG)
+        big = torch.ones(count)
         run = lambda: dist.all_reduce(big)  # noqa: E731
     elif op == "all_gather":
         out, block = torch.empty(BIG // ws * ws), torch.ones(BIG // ws)
@@ -87,15 +87,16 @@ def _dead_peer(rank, ws, victim, when, stamp, op):
             "destroy_took": destroy_took, "initialized": dist.is_initialized()}
 
 
-@pytest.mark.parametrize("transport,op", [("shm", "all_reduce"), ("tcp", "all_reduce"), ("shm", "all_gather"),
-                                          ("shm", "reduce_scatter")])
+@pytest.mark.parametrize("transport,op,count", [("shm", "all_reduce", BIG), ("shm", "all_reduce", 2 << 20),
+                                                ("tcp", "all_reduce", BIG), ("shm", "all_gather", BIG),
+                                                ("shm", "reduce_scatter", None)])
 @pytest.mark.parametrize("when", ["before", "during"])
 @pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
-def test_dead_peer_fails_every_survivor_fast(ws, when, transport, op, tmp_path):
+def test_dead_peer_fails_every_survivor_fast(ws, when, transport, op, count, tmp_path):
     victim = 1
     dev_shm = set(os.listdir("/dev/shm"))
     res = run_ranks(_dead_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
-                    args=(victim, when, str(tmp_path / "killed_at"), op), env={"COLLX_TRANSPORT": transport})
+                    args=(victim, when, str(tmp_path / "killed_at"), op, count), env={"COLLX_TRANSPORT": transport})
     assert set(os.listdir("/dev/shm")) == dev_shm, "a killed rank left something in /dev/shm"
     assert isinstance(res[victim], Died) and "SIGKILL" in res[victim], res[victim]
     for rank, r in enumerate(res):

@@ -148,7 +148,8 @@ void testWindowsBackToBack(bool readPeers) {
       if (r == int(seq % n) && seq % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
       // Some blocks are over a half (several chunks of the windows), some
       // span several pieces of a reduce-scatter read in place.
-      const size_t block = seq % 10 == 9 ? 300000 : seq % 12 == 8 ? 200000 : 1 + seq % 5 * 1000;
+      // An all-reduce of the largest reads in place.
+      const size_t block = seq % 10 == 9 ? 400000 : seq % 12 == 8 ? 200000 : 1 + seq % 5 * 1000;
       const OpKind kinds[] = {OpKind::kReduceScatter, OpKind::kAllgather, OpKind::kBroadcast, OpKind::kAllreduce};
       const OpKind kind = kinds[seq % 4];
       Collective c{*g.devices[r], kind, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20), 1 << 16, 2,
@@ -183,10 +184,10 @@ void testWindowsBackToBack(bool readPeers) {
   });
 }
 
-// All-gathers and reduce-scatters that read the peers' buffers in place,
-// each rank refilling its buffer for the next op as soon as one returns (as
-// a training loop does): no rank may return while a peer still reads its
-// buffer, or that peer copies some of the next op's values.
+// All-gathers, reduce-scatters and all-reduces that read the peers' buffers
+// in place, each rank refilling its buffer for the next op as soon as one
+// returns (as a training loop does): no rank may return while a peer still
+// reads its buffer, or that peer copies some of the next op's values.
 void testReadInPlaceKeepsBuffers() {
   const int n = 3;
   const size_t block = 200000;  // several pieces of a reduce-scatter's reads in place
@@ -194,13 +195,21 @@ void testReadInPlaceKeepsBuffers() {
   test::runRanks(n, [&](int r) {
     Workspace ws;
     const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
-    std::vector<int32_t> buf(n * block), out(block);
-    for (uint64_t seq = 1; seq <= 100; ++seq) {
+    std::vector<int32_t> buf(n * block), out(block), big(5 << 18);  // big: 5 MiB, an all-reduce read in place
+    for (uint64_t seq = 1; seq <= 150; ++seq) {
       std::fill(buf.begin(), buf.end(), int32_t(seq * 10 + r));
-      const bool gather = seq % 2 == 1;
-      Collective c{*g.devices[r], gather ? OpKind::kAllgather : OpKind::kReduceScatter, DataType::kInt32, seq,
-                   Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
-      if (gather) {
+      std::fill(big.begin(), big.end(), int32_t(seq * 10 + r));
+      const OpKind kinds[] = {OpKind::kAllgather, OpKind::kReduceScatter, OpKind::kAllreduce};
+      const OpKind kind = kinds[seq % 3];
+      const bool gather = kind == OpKind::kAllgather;
+      Collective c{*g.devices[r], kind, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20), 1 << 16, 2,
+                   ws};
+      if (kind == OpKind::kAllreduce) {
+        shmAllreduce(c, big.data(), big.size(), sum);
+        const int32_t want = int32_t(seq * 10 * n + n * (n - 1) / 2);
+        CHECK(std::all_of(big.begin(), big.end(), [&](int32_t v) { return v == want; }), "all_reduce #", seq,
+              " rank ", r, ": a sum took another op's values");
+      } else if (gather) {
         shmAllgatherFlat(c, buf.data(), block);
         for (int q = 0; q < n; ++q) {
           const auto from = buf.begin() + q * block;
@@ -219,23 +228,33 @@ void testReadInPlaceKeepsBuffers() {
 
 // A float reduce-scatter gives the same bits read in place as through the
 // windows (both add a rank's own block first, then the peers' in rank
-// order), on blocks that lie apart; and an output that overlaps a block the
+// order), on blocks that lie apart; the values are such that another order
+// gives other bits (rank 2: (x2 + 1e8) - 1e8 = 0, (1e8 - 1e8) + x2 = x2). An
+// all-reduce read in place gives the same bits on every rank. A
+// reduce-scatter's output that overlaps a block the
 // peers read (here every rank's output is its input block 0, which only rank
 // 0 reduces) still gets the right sum: the peers must not read what this
 // rank already wrote, and every rank must take the same form.
+float valueOf(int r, size_t i) {
+  const float big = 1e8f * float(1 + i % 3);
+  return r == 0 ? big : r == 1 ? -big : 0.7f + float(i % 5);
+}
+
 void testReduceScatterOrders() {
   const int n = 3;
-  const size_t block = 70000;  // several pieces of the reads in place
-  std::vector<std::vector<float>> results[2];
+  const size_t block = 70000;      // several pieces of the reads in place
+  const size_t count = 1300000;    // floats: an all-reduce read in place
+  std::vector<std::vector<float>> results[2], sums[2];
   for (bool readPeers : {false, true}) {
     Group g(n, over(shm::Mode::kShm, readPeers));
     results[readPeers].resize(n);
+    sums[readPeers].resize(n);
     test::runRanks(n, [&](int r) {
       Workspace ws;
       const ReduceFn sum = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
       std::vector<std::vector<float>> in(n, std::vector<float>(block));
       for (int q = 0; q < n; ++q) {
-        for (size_t i = 0; i < block; ++i) in[q][i] = float(int(i % 7) - 3) * (r == 1 ? 1e8f : 1.0f) + 0.1f * r + q;
+        for (size_t i = 0; i < block; ++i) in[q][i] = valueOf(r, i);
       }
       std::vector<const void*> blocks;
       for (auto& b : in) blocks.push_back(b.data());
@@ -244,6 +263,12 @@ void testReduceScatterOrders() {
                    Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
       shmReduceScatter(c, blocks, out.data(), block, sum);
       results[readPeers][r] = out;
+      std::vector<float> all(count);
+      for (size_t i = 0; i < count; ++i) all[i] = valueOf(r, i);
+      Collective c3{*g.devices[r], OpKind::kAllreduce, DataType::kFloat32, 3,
+                    Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
+      shmAllreduce(c3, all.data(), count, sum);
+      sums[readPeers][r] = all;
 
       std::vector<int32_t> flat(n * block);
       for (size_t i = 0; i < flat.size(); ++i) flat[i] = int32_t(i) * (r + 1);
@@ -260,6 +285,8 @@ void testReduceScatterOrders() {
   for (int r = 0; r < n; ++r) {
     CHECK(std::memcmp(results[0][r].data(), results[1][r].data(), block * sizeof(float)) == 0, "rank ", r,
           ": the reduce-scatter read in place gave other bits than through the windows");
+    CHECK(std::memcmp(sums[1][r].data(), sums[1][0].data(), count * sizeof(float)) == 0, "rank ", r,
+          ": the all-reduce read in place gave other bits than on rank 0");
   }
 }
 
@@ -306,13 +333,17 @@ void testCancelBeforeWindowsOp() {
 // The counters name the carrier: an all-reduce in the windows moves every
 // rank's bytes once in (sent: the peers' slices of its input, and its own
 // slice reduced) and its share out twice (received, reduce and
-// gather): 2(n-1) x bytes received over the group, nothing over the rings.
-// An all-gather or reduce-scatter read in place moves (n-1) blocks per rank
-// by peer memory.
-void testCountersByCarrier() {
+// gather): 2(n-1) x bytes received over the group, nothing over the rings;
+// read in place it moves 2(n-1) x bytes both ways by peer memory. An
+// all-gather or reduce-scatter moves (n-1) blocks per rank, by peer memory
+// where it reads in place.
+void testCountersByCarrier(bool readPeers) {
   const int n = 3;
-  const size_t count = 3 << 20;  // floats: several chunks
-  Group g(n, over(shm::Mode::kShm));
+  const size_t count = 5 << 19;  // floats, 10 MiB: several chunks, of the windows or read in place
+  Group g(n, over(shm::Mode::kShm, readPeers));
+  const bool inPlace = g.devices[0]->sharedWindows()->canReadPeers();
+  CHECK(inPlace == readPeers, "threads of one process can read each other's memory");
+  const int carrier = int(inPlace ? Carrier::kPeerMemory : Carrier::kShmWindow);
   std::vector<TransportCounters> before(n), after(n);
   test::runRanks(n, [&](int r) {
     Workspace ws;
@@ -326,14 +357,17 @@ void testCountersByCarrier() {
   const uint64_t bytes = count * sizeof(float);
   uint64_t sent = 0, received = 0;
   for (int r = 0; r < n; ++r) {
-    const int w = int(Carrier::kShmWindow);
-    sent += after[r].sent[w] - before[r].sent[w];
-    received += after[r].received[w] - before[r].received[w];
-    CHECK(after[r].bytesSent() - before[r].bytesSent() == after[r].sent[w] - before[r].sent[w],
-          "rank ", r, ": an all-reduce in the windows moved bytes by another carrier");
+    sent += after[r].sent[carrier] - before[r].sent[carrier];
+    received += after[r].received[carrier] - before[r].received[carrier];
+    CHECK(after[r].bytesSent() - before[r].bytesSent() == after[r].sent[carrier] - before[r].sent[carrier],
+          "rank ", r, ": an all-reduce in shared memory moved bytes by another carrier");
   }
-  CHECK(sent == uint64_t(n) * bytes, "windows sent ", sent, ", expected ", n * bytes);
-  CHECK(received == uint64_t(2 * (n - 1)) * bytes, "windows received ", received, ", expected ", 2 * (n - 1) * bytes);
+  // Read in place, each rank's slice of every peer's buffer comes in, and
+  // every peer's reduced slice: 2(n-1)/n of the buffer per rank, both ways.
+  const uint64_t wantSent = inPlace ? uint64_t(2 * (n - 1)) * bytes : uint64_t(n) * bytes;
+  CHECK(sent == wantSent, name(Carrier(carrier)), " sent ", sent, ", expected ", wantSent);
+  CHECK(received == uint64_t(2 * (n - 1)) * bytes, name(Carrier(carrier)), " received ", received, ", expected ",
+        2 * (n - 1) * bytes);
 
   const size_t block = 300000;  // read in place where peers' memory can be read
   test::runRanks(n, [&](int r) {
@@ -345,8 +379,6 @@ void testCountersByCarrier() {
     shmAllgatherFlat(c, buf.data(), block);
     after[r] = g.devices[r]->counters();
   });
-  const bool inPlace = g.devices[0]->sharedWindows()->canReadPeers();
-  const int carrier = int(inPlace ? Carrier::kPeerMemory : Carrier::kShmWindow);
   for (int r = 0; r < n; ++r) {
     const uint64_t got = after[r].received[carrier] - before[r].received[carrier];
     CHECK(got == (n - 1) * block * sizeof(int32_t), "rank ", r, ": all_gather received ", got, " by ",
@@ -374,8 +406,8 @@ void testCountersByCarrier() {
 
 int main() {
   testWindowsAllreduceFailures();
-  testCountersByCarrier();
   for (bool readPeers : {false, true}) {
+    testCountersByCarrier(readPeers);
     testWindowsMismatch(readPeers);
     testWindowsBackToBack(readPeers);
   }

@@ -22,6 +22,20 @@
 // A small buffer takes one round instead: every rank posts all of it, then
 // folds the n windows in rank order, so that every rank computes the
 // bit-identical ((b0 + b1) + b2) + ..., as the direct all-reduce does.
+//
+// One from 4 MiB to 32 MiB / n, where every rank can read the others' memory
+// (ShmChunks::forEachInPlace), moves nothing through the windows; for each
+// chunk of it:
+//
+//     1. post the address of my chunk
+//     2. reduce my slice in my chunk from the same slice of every peer's
+//        chunk, in rank order (ShmChunks::readReduce); reduced
+//     3. read every peer's reduced slice from its chunk into mine; gathered
+//   then wait until every rank has gathered the last (my slices stay put)
+//
+// Each byte crosses between ranks once on the way in and once on the way
+// out, with no copy into or out of a window. One rank reduces each slice and
+// the others copy it, so every rank has the same bits.
 #include <algorithm>
 #include <cstring>
 
@@ -29,6 +43,40 @@
 #include "shm_chunks.h"
 
 namespace collx {
+
+namespace {
+
+// From 4 MiB up to 32 MiB / n the reads in place beat the windows (n=2: up
+// to 24 MiB, lost by 48; n=4: at 4 and 8 MiB, lost at 16). Below, the
+// windows, which copy a rank's own slice once and need no last round, were
+// faster; above, the windows' chunks, which stay in cache while each is
+// copied in, reduced and copied out, were (docs/measurements.md). The reads
+// go a chunk at a time too: 4 MiB took less time than one chunk or 1 MiB ones.
+constexpr size_t kReadInPlaceMinBytes = 4 << 20, kReadInPlaceMaxBytesTimesRanks = 32 << 20;
+constexpr size_t kReadInPlaceChunkBytes = 4 << 20;
+
+void allreduceInPlace(ShmChunks& chunks, const Collective& c, char* buf, size_t count, ReduceFn fn) {
+  const int n = c.size(), me = c.rank();
+  const size_t es = elementSize(c.dtype);
+  chunks.forEachInPlace(buf, count, std::max<size_t>(1, kReadInPlaceChunkBytes / es), [&](size_t done, size_t len) {
+    auto sliceAt = [&](int r) { return len * size_t(r) / size_t(n); };
+    const size_t lo = sliceAt(me), hi = sliceAt(me + 1);
+    char* const part = buf + done * es;
+    // The peers read slice r of this chunk to reduce it, then this slice.
+    chunks.exposed((len - (hi - lo) + size_t(n - 1) * (hi - lo)) * es);
+    for (int r = 0; r < n; ++r) {
+      if (r != me) chunks.readReduce(r, 0, lo * es, part + lo * es, hi - lo, fn);
+    }
+    chunks.reduced();
+    for (int i = 1; i < n; ++i) {
+      const int r = (me + i) % n;  // not every rank reading rank 0 first
+      const size_t a = sliceAt(r), b = sliceAt(r + 1);
+      if (b > a) chunks.read(r, 0, a * es, part + a * es, (b - a) * es);
+    }
+  });
+}
+
+}  // namespace
 
 void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
   ShmChunks chunks(c, count);
@@ -47,6 +95,10 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
       chunks.moved(len * es, size_t(n - 1) * len * es);
     });
     return;
+  }
+  const size_t bytes = count * es;
+  if (chunks.canReadPeers() && bytes >= kReadInPlaceMinBytes && bytes * size_t(n) <= kReadInPlaceMaxBytesTimesRanks) {
+    return allreduceInPlace(chunks, c, out, count, fn);
   }
 
   chunks.forEach(count, chunks.halfElems(), [&](size_t done, size_t len) {

@@ -92,6 +92,17 @@ void ShmChunks::postAddresses(const std::vector<const void*>& addresses) {
   for (size_t i = 0; i < addresses.size(); ++i) table[i] = uint64_t(uintptr_t(addresses[i]));
 }
 
+void ShmChunks::readReduce(int r, size_t i, size_t offset, char* dst, size_t count, ReduceFn fn) {
+  // Per thread, apart from the group's workspace, which the caller's data may lie in.
+  alignas(64) thread_local char scratch[kReadPieceBytes];
+  const size_t es = elementSize(c_.dtype), pieceElems = std::max<size_t>(1, kReadPieceBytes / es);
+  for (size_t done = 0; done < count; done += pieceElems) {
+    const size_t len = std::min(pieceElems, count - done);
+    read(r, i, offset + done * es, scratch, len * es);
+    fn(dst + done * es, scratch, len);
+  }
+}
+
 void ShmChunks::reduced() {
   mine_.reduced.store(k_ + 1, std::memory_order_seq_cst);
   w_.publish();

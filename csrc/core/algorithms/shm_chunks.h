@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "../reduce/reduce.h"
 #include "../transport/shared_windows.h"
 #include "collective.h"
 
@@ -85,6 +86,25 @@ class ShmChunks {
     meanwhile();
     waitAll(&WindowControl::gathered, k_ + 1, "read");
   }
+  // The same over a buffer at `base`, in chunks of at most chunkElems: each
+  // chunk posts where it lies and runs body(done, len) between post() and
+  // gathered(); the last round comes after the last chunk. A peer may go on
+  // to the next chunk while others still read this one, which it no longer
+  // writes.
+  template <class Body>
+  void forEachInPlace(char* base, size_t count, size_t chunkElems, Body&& body) {
+    const size_t es = elementSize(c_.dtype);
+    for (size_t done = 0; done < count || done == 0;) {
+      const size_t len = std::min(chunkElems, count - done);
+      begin();
+      postAddresses({base + done * es});
+      post();
+      body(done, len);
+      gathered();
+      done += std::max<size_t>(len, 1);
+    }
+    waitAll(&WindowControl::gathered, k_ + 1, "read");
+  }
   // This rank's data that peers copy from its memory (readInPlace), in bytes
   // summed over the readers.
   void exposed(size_t bytes) { w_.count(Carrier::kPeerMemory, bytes, 0); }
@@ -92,6 +112,11 @@ class ShmChunks {
   void read(int r, size_t i, size_t offset, void* dst, size_t bytes) {
     w_.readPeer(r, reinterpret_cast<const uint64_t*>(half(r))[i] + offset, dst, bytes);
   }
+  // dst[0, count) = fn(dst, the `count` elements from `offset` bytes past
+  // rank r's i-th address), read kReadPieceBytes at a time into a scratch
+  // of this thread's, which stays in cache while it is reduced.
+  void readReduce(int r, size_t i, size_t offset, char* dst, size_t count, ReduceFn fn);
+  static constexpr size_t kReadPieceBytes = 128 << 10;
 
  private:
   void begin();

@@ -11,9 +11,8 @@
 //
 //   reduce-scatter (n blocks in; rank r writes the sum of block r out)
 //     1. post the addresses of my n blocks
-//     2. out = my block me; then for every peer in rank order, a piece at
-//        a time: read piece of its block me into scratch, out's piece += it
-//        (pieces of kReadPieceBytes keep the scratch in cache)
+//     2. out = my block me; then for every peer in rank order, out += its
+//        block me (ShmChunks::readReduce, a piece at a time)
 //
 //   all-gather (rank r's block from its `in` into blocks[r] everywhere)
 //     1. post the address of my block
@@ -48,27 +47,15 @@ namespace collx {
 
 namespace {
 
-// The unit of a reduce-scatter's reads in place: small enough that the
-// scratch it reads into stays in cache while it is reduced, large enough
-// that a read's system call is a small part of it.
-constexpr size_t kReadPieceBytes = 128 << 10;
 // Larger blocks of a reduce-scatter stream through the windows: there the
 // reads in place gained nothing with two ranks and lost with more ranks than
 // cores (docs/measurements.md).
 constexpr size_t kReadInPlaceMaxBlockBytes = 1 << 20;
 
-// Scratch for those reads, one per thread that runs ops: apart from the
-// group's workspace, which the caller's blocks may lie in.
-char* readScratch() {
-  alignas(64) thread_local char scratch[kReadPieceBytes];
-  return scratch;
-}
-
 void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vector<const void*>& blocks, char* out,
                           size_t blockCount, ReduceFn fn) {
   const int n = c.size(), me = c.rank();
   const size_t es = elementSize(c.dtype), bytes = blockCount * es;
-  const size_t pieceElems = std::max<size_t>(1, kReadPieceBytes / es);
   // The peers read this rank's blocks until the op's last round: where `out`
   // overlaps one of them, the sum is made apart and copied out after it.
   bool outApart = true;
@@ -81,14 +68,8 @@ void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vec
   chunks.exposed(bytes * size_t(n - 1));
   chunks.readInPlace(blocks, [&] {
     if (bytes > 0 && dst != blocks[size_t(me)]) std::memmove(dst, blocks[size_t(me)], bytes);
-    char* const scratch = readScratch();
     for (int r = 0; r < n; ++r) {
-      if (r == me) continue;
-      for (size_t done = 0; done < blockCount; done += pieceElems) {
-        const size_t len = std::min(pieceElems, blockCount - done);
-        chunks.read(r, size_t(me), done * es, scratch, len * es);
-        fn(dst + done * es, scratch, len);
-      }
+      if (r != me) chunks.readReduce(r, size_t(me), 0, dst, blockCount, fn);
     }
   }, [] {});
   if (!outApart && bytes > 0) std::memcpy(out, dst, bytes);
