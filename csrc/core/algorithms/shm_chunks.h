@@ -94,15 +94,11 @@ class ShmChunks {
   template <class Body>
   void forEachInPlace(char* base, size_t count, size_t chunkElems, Body&& body) {
     const size_t es = elementSize(c_.dtype);
-    for (size_t done = 0; done < count || done == 0;) {
-      const size_t len = std::min(chunkElems, count - done);
-      begin();
+    forEach(count, chunkElems, [&](size_t done, size_t len) {
       postAddresses({base + done * es});
       post();
       body(done, len);
-      gathered();
-      done += std::max<size_t>(len, 1);
-    }
+    });
     waitAll(&WindowControl::gathered, k_ + 1, "read");
   }
   // This rank's data that peers copy from its memory (readInPlace), in bytes
