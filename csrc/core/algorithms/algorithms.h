@@ -82,6 +82,11 @@ void allgather(const Collective& c, void* out, size_t blockCount);
 // block where `in` overlaps a peer's block, which the op overwrites (the
 // input is copied there first).
 const void* allgatherSource(const void* in, const std::vector<void*>& blocks, int rank, size_t blockBytes);
+// Whether the `bytes` at a and the `bytes` at b share a byte.
+inline bool overlaps(const void* a, const void* b, size_t bytes) {
+  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
+  return x < y + bytes && y < x + bytes;
+}
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
 // Whether all_gather of `blockBytes` per rank runs in shared memory: where
 // useSharedWindows for the whole output, or from kReadInPlaceMinBlockBytes

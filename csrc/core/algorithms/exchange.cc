@@ -27,10 +27,8 @@ void exchange(const Collective& c, const std::vector<Transfer>& sends,
 }
 
 const void* allgatherSource(const void* in, const std::vector<void*>& blocks, int rank, size_t blockBytes) {
-  const char* const a = static_cast<const char*>(in);
   for (size_t r = 0; r < blocks.size(); ++r) {
-    const char* const b = static_cast<const char*>(blocks[r]);
-    if (int(r) != rank && a < b + blockBytes && b < a + blockBytes) {
+    if (int(r) != rank && overlaps(in, blocks[r], blockBytes)) {
       std::memmove(blocks[size_t(rank)], in, blockBytes);
       return blocks[size_t(rank)];
     }

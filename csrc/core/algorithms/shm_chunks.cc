@@ -85,11 +85,11 @@ void ShmChunks::checkIdentity() {
   }
 }
 
-void ShmChunks::postAddresses(const std::vector<const void*>& addresses) {
-  COLLX_CHECK(addresses.size() * sizeof(uint64_t) <= w_.halfBytes(), "collx rank ", c_.rank(),
-              ": a shared window is too small for ", addresses.size(), " addresses");
+void ShmChunks::postAddresses(const void* const* addresses, size_t count) {
+  COLLX_CHECK(count * sizeof(uint64_t) <= w_.halfBytes(), "collx rank ", c_.rank(),
+              ": a shared window is too small for ", count, " addresses");
   auto* table = reinterpret_cast<uint64_t*>(half(c_.rank()));  // post() publishes it
-  for (size_t i = 0; i < addresses.size(); ++i) table[i] = uint64_t(uintptr_t(addresses[i]));
+  for (size_t i = 0; i < count; ++i) table[i] = uint64_t(uintptr_t(addresses[i]));
 }
 
 void ShmChunks::readReduce(int r, size_t i, size_t offset, char* dst, size_t count, ReduceFn fn) {

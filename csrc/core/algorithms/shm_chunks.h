@@ -73,13 +73,13 @@ class ShmChunks {
   void moved(size_t sent, size_t received) { w_.count(Carrier::kShmWindow, sent, received); }
 
   bool canReadPeers() const { return w_.canReadPeers(); }
-  // Runs read() as above, with `addresses` (where this rank's data lies)
-  // posted; then meanwhile(), local work that must not touch the posted
+  // Runs read() as above, with the `count` addresses (where this rank's data
+  // lies) posted; then meanwhile(), local work that must not touch the posted
   // data, while the peers may still read it.
   template <class Read, class Meanwhile>
-  void readInPlace(const std::vector<const void*>& addresses, Read&& read, Meanwhile&& meanwhile) {
+  void readInPlace(const void* const* addresses, size_t count, Read&& read, Meanwhile&& meanwhile) {
     begin();
-    postAddresses(addresses);
+    postAddresses(addresses, count);
     post();
     read();
     gathered();
@@ -95,7 +95,8 @@ class ShmChunks {
   void forEachInPlace(char* base, size_t count, size_t chunkElems, Body&& body) {
     const size_t es = elementSize(c_.dtype);
     forEach(count, chunkElems, [&](size_t done, size_t len) {
-      postAddresses({base + done * es});
+      const void* const address = base + done * es;
+      postAddresses(&address, 1);
       post();
       body(done, len);
     });
@@ -121,7 +122,7 @@ class ShmChunks {
   // Waits until every rank's `which` has reached `k`.
   void waitAll(Counter which, uint64_t k, const char* step);
   void checkIdentity();
-  void postAddresses(const std::vector<const void*>& addresses);
+  void postAddresses(const void* const* addresses, size_t count);
 
   const Collective& c_;
   SharedWindows& w_;

@@ -59,14 +59,11 @@ void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vec
   // The peers read this rank's blocks until the op's last round: where `out`
   // overlaps one of them, the sum is made apart and copied out after it.
   bool outApart = true;
-  for (int r = 0; r < n; ++r) {
-    const char* b = static_cast<const char*>(blocks[size_t(r)]);
-    outApart = outApart && (r == me || out >= b + bytes || b >= out + bytes);
-  }
+  for (int r = 0; r < n; ++r) outApart = outApart && (r == me || !overlaps(out, blocks[size_t(r)], bytes));
   std::vector<char> apart(outApart ? 0 : bytes);
   char* const dst = outApart ? out : apart.data();
   chunks.exposed(bytes * size_t(n - 1));
-  chunks.readInPlace(blocks, [&] {
+  chunks.readInPlace(blocks.data(), blocks.size(), [&] {
     if (bytes > 0 && dst != blocks[size_t(me)]) std::memmove(dst, blocks[size_t(me)], bytes);
     for (int r = 0; r < n; ++r) {
       if (r != me) chunks.readReduce(r, size_t(me), 0, dst, blockCount, fn);
@@ -122,10 +119,11 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
   if (chunks.canReadPeers()) {
     // This rank's own block is copied while the peers read its input, where
     // that copy leaves the input as they read it.
-    const bool apart = mine >= block(me) + bytes || block(me) >= mine + bytes;
+    const bool apart = !overlaps(mine, block(me), bytes);
+    const void* const address = mine;
     chunks.exposed(bytes * size_t(n - 1));
     chunks.readInPlace(
-        {mine},
+        &address, 1,
         [&] {
           for (int i = 1; i < n; ++i) {
             const int r = (me + i) % n;  // not every rank reading rank 0 first
