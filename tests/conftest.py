@@ -38,7 +38,7 @@ QUICK = {
     "test_transports.py::test_collectives_over_tcp[ws3-check_broadcast]",
     "test_staging.py::test_mixed_ranks_stage_in_the_same_pieces[peers-default]",
     "test_bad_input.py::test_one_rank_bad_input_others_fail_fast[ws3]",
-    "test_faults.py::test_dead_peer_fails_every_survivor_fast[ws3-during-shm-all_reduce]",
+    "test_faults.py::test_dead_peer_fails_every_survivor_fast[ws3-during-shm-all_reduce-16777216]",
     "test_fault_tolerance.py::test_abort_fails_everything_in_flight_at_once[ws3-shm]",
     "test_fault_tolerance.py::test_shrink_after_a_rank_dies[ws3v1-shm]",
     "test_reconfigure.py::test_reconfigure_grow_shrink_and_reject[shm]",

@@ -50,17 +50,18 @@ void ShmChunks::waitAll(Counter which, uint64_t k, const char* step) {
 
 void ShmChunks::begin() {
   w_.checkGroup(c_.seq);
+  // The next chunk, k_ + 1, goes into the half of chunk k_ - 1, which every
+  // peer has gathered: this rank's post of chunk k_ returned once every peer
+  // had posted it, and a peer posts a chunk only after it gathered the one
+  // before (every op runs begin, post, ..., gathered per chunk).
   k_ = mine_.posted.load(std::memory_order_relaxed);
-  if (k_ >= 2) waitAll(&WindowControl::gathered, k_ - 1, "gathered");
 }
 
 void ShmChunks::post() {
   WindowControl::Op& op = mine_.op[k_ % 2];
   op.seq.store(c_.seq, std::memory_order_relaxed);
   op.count.store(count_, std::memory_order_relaxed);
-  op.kind.store(uint32_t(c_.kind), std::memory_order_relaxed);
-  op.dtype.store(uint32_t(c_.dtype), std::memory_order_relaxed);
-  op.root.store(root_, std::memory_order_relaxed);
+  op.shape.store(WindowControl::shapeOf(uint32_t(c_.kind), uint32_t(c_.dtype), root_), std::memory_order_relaxed);
   mine_.posted.store(k_ + 1, std::memory_order_seq_cst);
   w_.publish();
   waitAll(&WindowControl::posted, k_ + 1, "posted");
@@ -71,12 +72,12 @@ void ShmChunks::post() {
 }
 
 void ShmChunks::checkIdentity() {
+  const uint64_t expected = WindowControl::shapeOf(uint32_t(c_.kind), uint32_t(c_.dtype), root_);
   for (int r = 0; r < c_.size(); ++r) {
     const WindowControl::Op& p = w_.control(r).op[k_ % 2];
-    const uint64_t seq = p.seq.load(), count = p.count.load();
-    const uint32_t kind = p.kind.load(), dtype = p.dtype.load(), root = p.root.load();
-    if (seq != c_.seq || count != count_ || kind != uint32_t(c_.kind) || dtype != uint32_t(c_.dtype) ||
-        root != root_) {
+    const uint64_t seq = p.seq.load(), count = p.count.load(), shape = p.shape.load();
+    if (seq != c_.seq || count != count_ || shape != expected) {
+      const uint32_t kind = uint32_t(shape & 0xff), dtype = uint32_t(shape >> 8 & 0xff), root = uint32_t(shape >> 32);
       w_.fail(str("collx rank ", c_.rank(), ": mismatched collective with peer ", r, ": peer runs ",
                   describeOp(seq, count, kind, dtype, root), ", this rank ",
                   describeOp(c_.seq, count_, uint32_t(c_.kind), uint32_t(c_.dtype), root_),

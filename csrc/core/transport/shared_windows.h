@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -23,31 +24,33 @@ struct alignas(64) WindowControl {
   std::atomic<uint32_t> bell;      // bumped to wake this rank when it sleeps (a futex word)
   std::atomic<uint32_t> sleeping;  // this rank sleeps on `bell`
   char pad0[56];
-  // Chunks this rank has posted (copied in), reduced (its slice), gathered (copied out).
+  // Chunks this rank has posted (copied in), and the op of the chunk in each
+  // half, which every peer checks before any result is written. In one
+  // line: the peer that waited for `posted` holds the identity too. Per
+  // half: a rank may post its next chunk, in the other half, before a
+  // slower peer has checked this one.
   std::atomic<uint64_t> posted;
-  char pad1[56];
-  std::atomic<uint64_t> reduced;
-  char pad2[56];
-  std::atomic<uint64_t> gathered;
-  char pad3[56];
-  // The user's collective this rank last started and last completed, and
-  // the kind of the one started, for a peer's timeout report: a peer stopped
-  // or stuck elsewhere cannot answer, but its last word stays here.
-  std::atomic<uint64_t> started;
-  std::atomic<uint64_t> completed;
-  std::atomic<uint32_t> startedKind;
-  char pad4[44];
-  // The op of the chunk in each half, which every peer checks before any
-  // result is written. Per half: a rank may post its next chunk, in the other
-  // half, before a slower peer has checked this one.
   struct Op {
     std::atomic<uint64_t> seq;    // the group's sequence number of the op
     std::atomic<uint64_t> count;  // its element count
-    std::atomic<uint32_t> kind;
-    std::atomic<uint32_t> dtype;
-    std::atomic<uint32_t> root;   // a broadcast's
+    std::atomic<uint64_t> shape;  // kind, dtype and a broadcast's root (shapeOf)
   } op[2];
+  // Chunks this rank has reduced (its slice) and gathered (copied out).
+  alignas(64) std::atomic<uint64_t> reduced;
+  alignas(64) std::atomic<uint64_t> gathered;
+  // The user's collective this rank last started and last completed, and
+  // the kind of the one started, for a peer's timeout report: a peer stopped
+  // or stuck elsewhere cannot answer, but its last word stays here.
+  alignas(64) std::atomic<uint64_t> started;
+  std::atomic<uint64_t> completed;
+  std::atomic<uint32_t> startedKind;
+
+  static uint64_t shapeOf(uint32_t kind, uint32_t dtype, uint32_t root) {
+    return uint64_t(kind & 0xff) | uint64_t(dtype & 0xff) << 8 | uint64_t(root) << 32;
+  }
 };
+static_assert(offsetof(WindowControl, reduced) - offsetof(WindowControl, posted) == 64,
+              "posted and the identity share one cache line");
 
 class SharedWindows {
  public:
