@@ -1,17 +1,24 @@
 """Where a small collective's time goes: torch's per-call floor, collx's op,
 and the wait for the peers (issue 35, item 2).
 
-For each setting it runs a torchrun job at n=1 (a one-rank group: the floor,
-every layer but the peers) and at n=2, each timing back-to-back calls of each
+For each setting it runs three torchrun jobs, each timing back-to-back calls of each
 op (dist.all_reduce by default; --ops adds all_gather_single,
-reduce_scatter_single and broadcast) and size on a collx group (auto), and
-prints:
+reduce_scatter_single and broadcast) and size on a collx group (auto):
+
+  n=1        one rank on a one-rank group: the floor, every layer but the peers
+  n=1 x2     two ranks at once, each on its own one-rank group: the floor with
+             both cores busy, as they are at n=2 (two busy vCPUs slow each
+             other's every layer, torch's included)
+  n=2        two ranks on one group
+
+and prints:
 
   per call   wall time per call, max over ranks
   in op      the op's own run (get_stats' seconds per call of its algorithm:
              the algorithm, its waits for the peers, from the op's start on
              collx's side to its end), rank 0
-  beyond     the n=2 call minus the n=1 call: what the peer adds
+  beyond     the n=2 call minus the n=1 call, and minus the n=1 x2 call:
+             what the peer adds
 
 Settings: as users run (the flight recorder on, torch's default), and with
 TORCH_FR_BUFFER_SIZE=0 (no recorder entries).
@@ -56,9 +63,13 @@ def call_of(op, nbytes, n, group):
 
 def worker(args):
     dist.init_process_group("gloo")
-    group = dist.new_group(backend="collx")
+    if args.alone:  # every rank on a one-rank group of its own
+        groups = [dist.new_group([r], backend="collx") for r in range(dist.get_world_size())]
+        group = groups[dist.get_rank()]
+    else:
+        group = dist.new_group(backend="collx")
     backend = group._get_backend(torch.device("cpu"))
-    n = dist.get_world_size()
+    n = dist.get_world_size(group)
     rows = []
     for op in args.ops.split(","):
         for nbytes in (parse_size(s) for s in args.sizes.split(",")):
@@ -68,14 +79,17 @@ def worker(args):
                     call()
                 if op != "all_reduce" or not agreed_max(float(backend.refining(nbytes))):
                     break
+            # One timed run of a count of calls agreed beforehand: an agreement
+            # (a gloo op) inside it would cost the timed calls more than the
+            # agreement itself, since it leaves gloo's threads busy for a while.
+            start = time.perf_counter()
+            for _ in range(2000):
+                call()
+            ops = int(agreed_max(args.seconds / ((time.perf_counter() - start) / 2000)))
             before = torchcollx.get_stats(group)["algorithms"]
-            ops, start = 0, time.perf_counter()
-            while True:  # rounds of 500 calls, every rank stopping at the same one
-                for _ in range(500):
-                    call()
-                ops += 500
-                if agreed_max(float(time.perf_counter() - start > args.seconds)):
-                    break
+            start = time.perf_counter()
+            for _ in range(ops):
+                call()
             per_call = agreed_max((time.perf_counter() - start) / ops * 1e6)
             ran = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
             calls = sum(v["calls"] for v in ran.values())
@@ -87,9 +101,10 @@ def worker(args):
     dist.destroy_process_group()
 
 
-def run(n, env, args, out):
+def run(n, env, args, out, alone=False):
     return torchrun_json(Path(__file__).resolve(), n, ["--worker", "--ops", args.ops, "--sizes", args.sizes,
-                                                       "--seconds", str(args.seconds)], out, env=env)
+                                                       "--seconds", str(args.seconds)] + ["--alone"] * alone,
+                         out, env=env)
 
 
 SETTINGS = {"default": ("recorder on (default)", {}),
@@ -104,20 +119,24 @@ def main():
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {','.join(SETTINGS)}")
     p.add_argument("--json", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--alone", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
     print("us per call; 'in op': the op's run on collx's side (get_stats), rank 0")
-    print("| setting | op | bytes | n=1 per call | n=1 in op | n=2 per call | n=2 in op | n=2 algorithm | beyond n=1 |")
-    print("|---" * 9 + "|")
+    print("| setting | op | bytes | n=1 per call | n=1 in op | n=1 x2 per call | n=2 per call | n=2 in op "
+          "| n=2 algorithm | beyond n=1 | beyond n=1 x2 |")
+    print("|---" * 11 + "|")
     with tempfile.TemporaryDirectory() as tmp:
         for label, env in (SETTINGS[s] for s in args.settings.split(",")):
             one = run(1, env, args, f"{tmp}/one.json")
+            loaded = run(2, env, args, f"{tmp}/loaded.json", alone=True)
             two = run(2, env, args, f"{tmp}/two.json")
-            for a, b in zip(one, two):
+            for a, l, b in zip(one, loaded, two):
                 print(f"| {label} | {b['op']} | {a['bytes']} | {a['per_call_us']:.2f} | {a['in_op_us']:.2f} | "
-                      f"{b['per_call_us']:.2f} | {b['in_op_us']:.2f} | {'/'.join(b['algorithms'])} | "
-                      f"{b['per_call_us'] - a['per_call_us']:.2f} |", flush=True)
+                      f"{l['per_call_us']:.2f} | {b['per_call_us']:.2f} | {b['in_op_us']:.2f} | "
+                      f"{'/'.join(b['algorithms'])} | {b['per_call_us'] - a['per_call_us']:.2f} | "
+                      f"{b['per_call_us'] - l['per_call_us']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
