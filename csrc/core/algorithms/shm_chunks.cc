@@ -50,10 +50,8 @@ void ShmChunks::waitAll(Counter which, uint64_t k, const char* step) {
 
 void ShmChunks::begin() {
   w_.checkGroup(c_.seq);
-  // The next chunk, k_ + 1, goes into the half of chunk k_ - 1, which every
-  // peer has gathered: this rank's post of chunk k_ returned once every peer
-  // had posted it, and a peer posts a chunk only after it gathered the one
-  // before (every op runs begin, post, ..., gathered per chunk).
+  // No wait: this rank's last post() saw every peer post chunk k_, so every
+  // peer has gathered chunk k_ - 1, whose half chunk k_ + 1 takes (shm_chunks.h).
   k_ = mine_.posted.load(std::memory_order_relaxed);
 }
 

@@ -5,9 +5,10 @@
 //
 // forEach() runs a chunk at a time between begin() and gathered():
 //
-//   begin()     wait until every rank has gathered chunk k-2: this half is
-//               free in every window (a rank may fill chunk k while the
-//               peers still read chunk k-1 in the other half)
+//   begin()     this half is free in every window: every rank has gathered
+//               chunk k-2, since it posted chunk k-1, which my post of it
+//               waited for (a rank may fill chunk k while the peers still
+//               read chunk k-1 in the other half)
 //   ... fill my half ...
 //   post()      post chunk k with the op's identity, wait until every rank
 //               has posted it, check that every rank runs this very op and
