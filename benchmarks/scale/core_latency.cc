@@ -1,0 +1,50 @@
+// A small all-reduce's time in the core alone, without torch: N ranks as
+// threads of this process over shared memory (or --transport tcp), each
+// running back-to-back all-reduces of --bytes with one algorithm. It times
+// what collx's own code and the waits for the peers cost per op, apart from
+// torch's per-call floor (benchmarks/small_op.py times both).
+//
+//   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
+//
+// Prints ns per op, rank 0's, over the last three quarters of the ops.
+#include <cstdio>
+#include <string>
+
+#include "../../csrc/core/algorithms/algorithms.h"
+#include "../../tests/cpp/group.h"
+
+using namespace collx;
+
+int main(int argc, char** argv) {
+  int ranks = 2, ops = 300000;
+  size_t bytes = 4;
+  std::string algorithm = "shm", transport = "shm";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--ranks") ranks = std::stoi(v);
+    else if (k == "--bytes") bytes = std::stoul(v);
+    else if (k == "--algorithm") algorithm = v;
+    else if (k == "--transport") transport = v;
+    else if (k == "--ops") ops = std::stoi(v);
+    else CHECK(false, "unknown argument ", k);
+  }
+  const Algorithm algo = parseAlgorithm(algorithm.c_str());
+  const size_t count = std::max<size_t>(1, bytes / sizeof(float));
+  test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm));
+  test::runRanks(ranks, [&](int r) {
+    std::vector<float> buf(count, 1.0f);
+    Workspace ws;
+    const ReduceFn fn = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
+    const Deadline deadline = Clock::now() + std::chrono::minutes(5);
+    Clock::time_point start = Clock::now();
+    for (int i = 0; i < ops; ++i) {
+      if (i == ops / 4) start = Clock::now();
+      Collective c{*g.devices[size_t(r)], OpKind::kAllreduce, DataType::kFloat32, uint64_t(i + 1), deadline,
+                   1 << 16, 2, ws};
+      allreduce(c, algo, buf.data(), count, fn);
+    }
+    const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / (ops - ops / 4);
+    if (r == 0) std::printf("%s, %d ranks over %s, %zu B: %.0f ns per op\n", algorithm.c_str(), ranks,
+                            transport.c_str(), count * sizeof(float), ns);
+  });
+}
