@@ -13,15 +13,18 @@ SharedWindows& windowsOf(const Collective& c) {
   return *w;
 }
 
-std::string describeOp(uint64_t seq, uint64_t count, uint32_t kind, uint32_t dtype, uint32_t root) {
-  return str(name(OpKind(kind)), " #", seq, " (", count, " x ", name(DataType(dtype)),
-             OpKind(kind) == OpKind::kBroadcast ? str(", root ", root) : std::string(), ")");
+// `shape` as WindowControl::shapeOf packs it.
+std::string describeOp(uint64_t seq, uint64_t count, uint64_t shape) {
+  const OpKind kind = OpKind(shape & 0xff);
+  return str(name(kind), " #", seq, " (", count, " x ", name(DataType(shape >> 8 & 0xff)),
+             kind == OpKind::kBroadcast ? str(", root ", uint32_t(shape >> 32)) : std::string(), ")");
 }
 
 }  // namespace
 
 ShmChunks::ShmChunks(const Collective& c, uint64_t count, uint32_t root)
-    : c_(c), w_(windowsOf(c)), mine_(w_.control(c.rank())), count_(count), root_(root) {}
+    : c_(c), w_(windowsOf(c)), mine_(w_.control(c.rank())), count_(count),
+      shape_(WindowControl::shapeOf(uint32_t(c.kind), uint32_t(c.dtype), root)) {}
 
 void ShmChunks::waitAll(Counter which, uint64_t k, const char* step) {
   const int n = c_.size();
@@ -59,7 +62,7 @@ void ShmChunks::post() {
   WindowControl::Op& op = mine_.op[k_ % 2];
   op.seq.store(c_.seq, std::memory_order_relaxed);
   op.count.store(count_, std::memory_order_relaxed);
-  op.shape.store(WindowControl::shapeOf(uint32_t(c_.kind), uint32_t(c_.dtype), root_), std::memory_order_relaxed);
+  op.shape.store(shape_, std::memory_order_relaxed);
   mine_.posted.store(k_ + 1, std::memory_order_seq_cst);
   w_.publish();
   waitAll(&WindowControl::posted, k_ + 1, "posted");
@@ -70,15 +73,12 @@ void ShmChunks::post() {
 }
 
 void ShmChunks::checkIdentity() {
-  const uint64_t expected = WindowControl::shapeOf(uint32_t(c_.kind), uint32_t(c_.dtype), root_);
   for (int r = 0; r < c_.size(); ++r) {
     const WindowControl::Op& p = w_.control(r).op[k_ % 2];
     const uint64_t seq = p.seq.load(), count = p.count.load(), shape = p.shape.load();
-    if (seq != c_.seq || count != count_ || shape != expected) {
-      const uint32_t kind = uint32_t(shape & 0xff), dtype = uint32_t(shape >> 8 & 0xff), root = uint32_t(shape >> 32);
+    if (seq != c_.seq || count != count_ || shape != shape_) {
       w_.fail(str("collx rank ", c_.rank(), ": mismatched collective with peer ", r, ": peer runs ",
-                  describeOp(seq, count, kind, dtype, root), ", this rank ",
-                  describeOp(c_.seq, count_, uint32_t(c_.kind), uint32_t(c_.dtype), root_),
+                  describeOp(seq, count, shape), ", this rank ", describeOp(c_.seq, count_, shape_),
                   ". Every rank must call the same collectives in the same order with the same sizes and dtypes."));
     }
   }

@@ -129,7 +129,7 @@ class ShmChunks {
   SharedWindows& w_;
   WindowControl& mine_;
   const uint64_t count_;
-  const uint32_t root_;
+  const uint64_t shape_;  // the op's kind, dtype and root (WindowControl::shapeOf)
   uint64_t k_ = 0;  // this chunk's number, counted across the group's ops
 };
 
