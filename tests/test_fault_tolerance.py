@@ -109,6 +109,7 @@ def _abort_in_flight(rank, ws, numel=1 << 18, device="cpu"):
         time.sleep(4)
         return None
     works = [dist.all_reduce(torch.ones(numel, device=device), async_op=True) for _ in range(3)]
+    early = works[0].get_future()  # asked for before the failure; the others' after it
     recv = dist.irecv(torch.ones(8), src=ws - 1) if rank == 0 else None
     time.sleep(0.3)
     out = {}
@@ -119,6 +120,7 @@ def _abort_in_flight(rank, ws, numel=1 << 18, device="cpu"):
     t0 = time.time()
     out["waits"] = [_attempt(w.wait) for w in works] + ([_attempt(recv.wait)] if recv else [])
     out["waited"] = time.time() - t0
+    out["futures"] = [_attempt(early.wait)] + [_attempt(w.get_future().wait) for w in works[1:]]
     if rank != 0:
         if HAS_GET_ERROR:
             out["error"] = str(_backend().get_error())
@@ -150,6 +152,8 @@ def assert_abort_outcome(res, ws):
             assert kind == "DistBackendError", f"rank {rank}: {kind}: {msg}"
             assert "abort" in msg, f"rank {rank}: {msg}"
         assert r["waited"] < 2.0, f"rank {rank}: the ops failed only after {r['waited']:.2f} s"
+        for (kind, msg, _), (wait_kind, wait_msg, _) in zip(r["futures"], r["waits"]):
+            assert (kind, msg) == (wait_kind, wait_msg), f"rank {rank}: the future: {kind}: {msg}"
         if rank != 0:
             first = r["waits"][0][1]
             assert "peer 0" in first and "aborted" in first, f"rank {rank}: {first}"

@@ -38,7 +38,8 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   };
   Executor::Task task;
   task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging, trace] {
-    work->markStarted();
+    const auto start = Clock::now();
+    work->markStarted(start);
     if (collective) device().noteProgress(seq, kind, false);
     // The trace's entry completes (or fails) before the Work does.
     std::optional<OpTrace::Running> running;
@@ -47,10 +48,9 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
     const TransportCounters before = profiling ? traffic() : TransportCounters{};
     // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
     const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
-    Collective c{device(), kind, dtype, seq, Clock::now() + timeout, config_.segmentBytes, config_.treeArity,
+    Collective c{device(), kind, dtype, seq, start + timeout, config_.segmentBytes, config_.treeArity,
                  workspace_, &tuning_, refines ? refiner_.get() : nullptr};
     std::exception_ptr error;
-    auto start = Clock::now();
     try {
       if (staging) staging->copyIn();
       std::string label = body(c);

@@ -6,9 +6,31 @@ CollxWork::CollxWork(c10d::OpType type, const char* profilingTitle, std::vector<
                      std::vector<c10::Device> devices)
     : c10d::Work(-1, type, profilingTitle),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       std::move(devices))),
-      seq_(seq) {}
+      devices_(std::move(devices)),
+      seq_(seq) {
+  if (!devices_.empty()) future_ = newFuture();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CollxWork::newFuture() const {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), devices_);
+}
+
+void CollxWork::settle(c10::ivalue::Future& future, const std::exception_ptr& error) {
+  if (error) {
+    future.setError(error);
+  } else {
+    future.markCompleted(c10::IValue(outputs_));
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CollxWork::getFuture() {
+  std::lock_guard<std::mutex> lock(futureMu_);
+  if (!future_) {
+    future_ = newFuture();
+    if (done_) settle(*future_, error_);  // no callback can be on a Future nobody has seen
+  }
+  return future_;
+}
 
 void CollxWork::attach(std::shared_ptr<Executor> executor, uint64_t taskId) {
   executor_ = std::move(executor);
@@ -37,11 +59,14 @@ bool CollxWork::wait(std::chrono::milliseconds timeout) {
 void CollxWork::complete(std::exception_ptr error) {
   durationMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started_).count();
   // The Future first: once wait() returns, get_future() must be done too.
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(futureMu_);
+    done_ = true;
+    error_ = error;
+    future = future_;
   }
+  if (future) settle(*future, error);  // outside the lock: its callbacks may ask for the Future
   finish(error);  // takes and releases c10d::Work's own mutex
 }
 

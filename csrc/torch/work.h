@@ -1,7 +1,11 @@
 // The Work handed back for every collective. c10d::Work already holds the
 // completion state (mutex, cv, exception) and implements wait(); this adds the
 // Future DDP needs, completed outside every lock of ours, because .then()
-// callbacks run on the completing thread and take the GIL.
+// callbacks run on the completing thread and take the GIL. A CPU op's Future
+// is made on the first getFuture() (most synchronous callers never ask for
+// one), completed at once where the op already has; a device op's is made
+// with the Work, so that its completion records events on the streams of the
+// thread that completes the op.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -10,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 
 #include "core/executor.h"
 #include "core/transport/p2p.h"
@@ -24,7 +29,7 @@ class CollxWork : public c10d::Work {
             std::vector<c10::Device> devices = {});
 
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return seq_; }
   // For a receive from any source: the rank it came from, once done.
   int sourceRank() const override;
@@ -40,7 +45,7 @@ class CollxWork : public c10d::Work {
   void spinOn(std::shared_ptr<PointToPoint> p2p) { p2p_ = std::move(p2p); }
 
   // The op starts running now (by default it started when the Work was made).
-  void markStarted() { started_ = std::chrono::steady_clock::now(); }
+  void markStarted(std::chrono::steady_clock::time_point at) { started_ = at; }
   // Completes the Future, then marks the work done (or failed).
   void complete(std::exception_ptr error);
   // Milliseconds from the op's start to its completion (or failure), as
@@ -48,12 +53,19 @@ class CollxWork : public c10d::Work {
   float getDuration() const override;
 
  private:
+  c10::intrusive_ptr<c10::ivalue::Future> newFuture() const;
+  void settle(c10::ivalue::Future& future, const std::exception_ptr& error);
+
   std::shared_ptr<Executor> executor_;
   uint64_t taskId_ = 0;
   std::shared_ptr<PointToPoint> p2p_;
   std::shared_ptr<std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const std::vector<c10::Device> devices_;
+  std::mutex futureMu_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // under futureMu_
+  bool done_ = false;                                // complete() ran, with error_; under futureMu_
+  std::exception_ptr error_;
   uint64_t seq_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<double> durationMs_{-1};
