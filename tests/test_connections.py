@@ -144,7 +144,7 @@ def _wait_dead(pid):
             with open(f"/proc/{pid}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
                     return
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between it and the read
             return
         time.sleep(0.01)
 
