@@ -47,6 +47,7 @@ from bench_common import agreed_max, interleaved_medians, parse_size, run_ops, s
 def worker(args):
     dist.init_process_group("gloo")
     group = dist.new_group(backend="collx")
+    line = dist.new_group(backend="collx")
     backend = group._get_backend(torch.device("cpu"))
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     bufs = {b: torch.ones(b // 4) for b in sizes}
@@ -57,10 +58,12 @@ def worker(args):
     for b in sizes:  # cold: the first ops of each size
         before = torchcollx.get_stats(group)["algorithms"]
         # The ranks leave gloo's agreement and get_stats up to hundreds of us
-        # apart: two collx broadcasts line them up, so that the size's first
-        # op does not wait out the benchmark's own skew.
+        # apart. Two small all-reduces on a group of their own line them up
+        # (a broadcast would not: its root does not wait), so that the size's
+        # first op does not wait out the benchmark's own skew, and the
+        # group's stats hold the size's ops only.
         for _ in range(2):
-            dist.broadcast(tiny, 0, group=group)
+            dist.all_reduce(tiny, group=line)
         ts = run_ops(group, bufs[b], args.ops)
         gained = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
         rows.append({"bytes": b, "cold_us": agreed_max((ts[-1] - ts[0]) / args.ops * 1e6),

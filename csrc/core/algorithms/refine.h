@@ -112,8 +112,10 @@ class Refiner {
   // how many ops at the start of a block go uncounted.
   static int blockFor(double us);
   static int skipped(int block) { return 3 * block / 8; }
-  // P: the first round's ops of a candidate after the first, a quarter block.
-  static int probeFor(int block) { return std::max(1, block / 4); }
+  // P: the first round's ops of a candidate after the first, an eighth of a
+  // block: two ops, whose lower (the probe's lower median) outlasts one slow
+  // op, or one for slow classes.
+  static int probeFor(int block) { return std::max(1, block / 8); }
   // R for that class, whose blocks take `blockUs` each.
   static int roundsFor(double blockUs);
   // C for a candidate the trial agreed at `us` per op.
