@@ -1,7 +1,8 @@
 """Peers that die or stall, with real processes: a rank SIGKILLed before or
 during a 64 MB all_reduce (or, over shared memory, an 8 MB all_reduce, a 64 MB
-all_gather or a reduce_scatter of 1 MiB blocks, whose ranks may read each
-other's buffers in place), and a rank stopped with SIGSTOP. The survivors must
+all_gather or a reduce_scatter of 1 MiB blocks, whose ranks read each
+other's buffers in place, COLLX_SHM_CMA=1, whatever a read costs on this
+host), and a rank stopped with SIGSTOP. The survivors must
 raise DistBackendError naming the op, their rank and the peer: a dead peer
 within 5 s (the group timeout is 60 s, so it is not the timeout that fires), a
 stalled one at the per-op timeout, else at the group timeout. A later op on
@@ -96,7 +97,8 @@ def test_dead_peer_fails_every_survivor_fast(ws, when, transport, op, count, tmp
     victim = 1
     dev_shm = set(os.listdir("/dev/shm"))
     res = run_ranks(_dead_peer, ws, timeout=120, pg_timeout=GROUP_TIMEOUT, may_die=(victim,),
-                    args=(victim, when, str(tmp_path / "killed_at"), op, count), env={"COLLX_TRANSPORT": transport})
+                    args=(victim, when, str(tmp_path / "killed_at"), op, count),
+                    env={"COLLX_TRANSPORT": transport, "COLLX_SHM_CMA": "1"})
     assert set(os.listdir("/dev/shm")) == dev_shm, "a killed rank left something in /dev/shm"
     assert isinstance(res[victim], Died) and "SIGKILL" in res[victim], res[victim]
     for rank, r in enumerate(res):

@@ -66,7 +66,7 @@ def _init_only(rank, ws):
 
 
 def test_a_bad_cross_memory_attach_value_is_a_clear_error():
-    with pytest.raises(AssertionError, match="COLLX_SHM_CMA='?yes'? must be 0 or 1"):
+    with pytest.raises(AssertionError, match="COLLX_SHM_CMA must be 0, 1 or auto, not 'yes'"):
         run_ranks(_init_only, 2, timeout=60, env={"COLLX_SHM_CMA": "yes"})
 
 
@@ -191,21 +191,26 @@ def _moving_collectives(rank, ws):
 # With cross-memory attach, all_gather and reduce_scatter read the peers'
 # blocks where they lie, and all_gather does so below SHM_MIN_BYTES too, from
 # blocks of READ_IN_PLACE_MIN_BLOCK; the 3 MB point spans several window halves.
-@pytest.mark.parametrize("cma", ["1", "0"], ids=lambda v: f"cma{v}")
+# auto reads in place where the ranks measured that it pays (their note says).
+@pytest.mark.parametrize("cma", ["1", "0", "auto"], ids=lambda v: f"cma{v}")
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
 def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):
     res = run_ranks(_moving_collectives, ws, timeout=120, env={**TABLE, "COLLX_SHM_CMA": cma})
     notes = {note for note, _ in res}
     assert len(notes) == 1, f"the ranks disagree on cross-memory attach: {notes}"
+    note = notes.pop()
     if cma == "0":
-        assert "cross-memory attach" not in notes.pop()
+        assert "cross-memory attach" not in note and "a read" not in note, note
+    if cma == "auto":
+        assert "x a copy" in note, f"the measured cost of a read: {note}"
+    reads = ", cross-memory attach" in note
     for _, rank_result in res:
         for nbytes, shm_labels, tcp_labels in rank_result:
             assert not any(label.endswith("/shm") for label in tcp_labels), tcp_labels
             on_shm = [label for label in shm_labels if label.endswith("/shm")]
             if nbytes >= SHM_MIN_BYTES:
                 assert on_shm == ["all_gather/shm", "broadcast/shm", "reduce_scatter/shm"], (nbytes, shm_labels)
-            elif cma == "1" and nbytes // ws >= READ_IN_PLACE_MIN_BLOCK:
+            elif reads and nbytes // ws >= READ_IN_PLACE_MIN_BLOCK:
                 assert on_shm == ["all_gather/shm"], (nbytes, shm_labels)
             else:
                 assert not on_shm, (nbytes, shm_labels)
@@ -247,7 +252,7 @@ def _one_rank_refuses(rank, ws):
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter names x86_64's syscall number")
 def test_a_rank_refused_cross_memory_attach_makes_every_rank_do_without():
-    res = run_ranks(_one_rank_refuses, 3, timeout=120, env=TABLE)
+    res = run_ranks(_one_rank_refuses, 3, timeout=120, env={**TABLE, "COLLX_SHM_CMA": "1"})
     if not all("cross-memory attach" in allowed for allowed, *_ in res):
         pytest.skip(f"this host refuses cross-memory attach to every rank: {res[0][0]}")
     for rank, (_, note, right, labels) in enumerate(res):

@@ -18,7 +18,8 @@ using namespace collx;
 int main(int argc, char** argv) {
   int ranks = 2, ops = 300000;
   size_t bytes = 4;
-  std::string algorithm = "shm", transport = "shm";
+  bool readPeers = true;
+  std::string algorithm = "shm", transport = "shm", op = "all_reduce";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--ranks") ranks = std::stoi(v);
@@ -26,11 +27,13 @@ int main(int argc, char** argv) {
     else if (k == "--algorithm") algorithm = v;
     else if (k == "--transport") transport = v;
     else if (k == "--ops") ops = std::stoi(v);
+    else if (k == "--op") op = v;
+    else if (k == "--read-peers") readPeers = v != "0";
     else CHECK(false, "unknown argument ", k);
   }
   const Algorithm algo = parseAlgorithm(algorithm.c_str());
   const size_t count = std::max<size_t>(1, bytes / sizeof(float));
-  test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm));
+  test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm, readPeers));
   test::runRanks(ranks, [&](int r) {
     std::vector<float> buf(count, 1.0f);
     Workspace ws;
@@ -39,9 +42,18 @@ int main(int argc, char** argv) {
     Clock::time_point start = Clock::now();
     for (int i = 0; i < ops; ++i) {
       if (i == ops / 4) start = Clock::now();
-      Collective c{*g.devices[size_t(r)], OpKind::kAllreduce, DataType::kFloat32, uint64_t(i + 1), deadline,
+      Collective c{*g.devices[size_t(r)], op == "all_gather" ? OpKind::kAllgather : OpKind::kAllreduce, DataType::kFloat32, uint64_t(i + 1), deadline,
                    1 << 16, 2, ws};
-      allreduce(c, algo, buf.data(), count, fn);
+      if (op == "all_reduce") {
+        allreduce(c, algo, buf.data(), count, fn);
+      } else if (op == "all_gather") {
+        const size_t block = count / size_t(ranks);
+        const auto blocks = blocksAt<void*>(buf.data(), ranks, block * sizeof(float));
+        if (algo == Algorithm::kShm) shmAllgather(c, blocks[size_t(r)], blocks, block);
+        else allgather(c, buf.data(), block);
+      } else {
+        CHECK(false, "unknown op ", op);
+      }
     }
     const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / (ops - ops / 4);
     if (r == 0) std::printf("%s, %d ranks over %s, %zu B: %.0f ns per op\n", algorithm.c_str(), ranks,

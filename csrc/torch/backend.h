@@ -38,7 +38,7 @@ struct Config {
   std::string ifname;
   int family = AF_UNSPEC;
   shm::Mode transport = shm::Mode::kAuto;  // COLLX_TRANSPORT (core/transport/shm/links.h)
-  bool readPeers = true;                   // COLLX_SHM_CMA: cross-memory attach where allowed
+  shm::ReadPeers readPeers = shm::ReadPeers::kWherePays;  // COLLX_SHM_CMA: cross-memory attach
   std::string localCongestion = "reno";    // COLLX_TCP_CONGESTION within a host; "": the system's
   bool lazy = true;                        // COLLX_CONNECT: lazy or eager (core/transport/device.h)
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)

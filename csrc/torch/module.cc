@@ -89,6 +89,8 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     config.algorithm = collx::parseAlgorithm(algorithm.c_str());
     config.family = collx::tcp::parseFamily(family);
     config.transport = collx::shm::parseMode(transport);
+    const char* cma = std::getenv("COLLX_SHM_CMA");
+    config.readPeers = collx::shm::parseReadPeers(cma ? cma : "");
   } catch (const collx::Error& e) {
     throw py::value_error(e.what());
   }
@@ -99,7 +101,6 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
   // A test knob, so read here rather than in Options: CPU tensors take the
   // CUDA tensors' staging path (see staging.h).
   config.stageCpuTensors = flag("COLLX_STAGE_CPU_TENSORS", false);
-  config.readPeers = flag("COLLX_SHM_CMA", true);
   config.tracing = flag("COLLX_TRACING", true);
   // Between ranks on one host (rendezvous.cc); "system" keeps the system's,
   // e.g. where a limited loopback stands for a link between hosts.

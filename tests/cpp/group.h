@@ -19,12 +19,13 @@
 
 namespace collx::test {
 
-// Options for a Device on `mode`, reading its peers' memory where allowed
-// unless readPeers is false.
+// Options for a Device on `mode`, reading its peers' memory wherever allowed
+// (whatever a read costs, so that the tests run the reads in place) unless
+// readPeers is false.
 inline tcp::DeviceOptions over(shm::Mode mode, bool readPeers = true) {
   tcp::DeviceOptions o;
   o.transport = mode;
-  o.readPeers = readPeers;
+  o.readPeers = readPeers ? shm::ReadPeers::kAlways : shm::ReadPeers::kNever;
   return o;
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -110,12 +111,45 @@ void testSetupNotes() {
     CHECK(d->transportNote().find("cross-memory attach") == std::string::npos, d->transportNote());
     CHECK(d->sharedWindows() && !d->sharedWindows()->canReadPeers(), "COLLX_SHM_CMA=0 turns it off");
   }
+  // By default the ranks read in place only where a read, as they measure it
+  // at setup, costs at most kMaxReadCost copies; all decide on the dearest.
+  tcp::DeviceOptions measured;
+  measured.transport = shm::Mode::kShm;
+  Group byCost(3, measured);
+  const std::string note = byCost.devices[0]->transportNote();
+  const size_t at = note.find("x a copy");
+  CHECK(at != std::string::npos, note);
+  const double cost = std::strtod(note.c_str() + note.rfind(' ', at) + 1, nullptr);
+  CHECK(cost > 0, note);
+  for (auto& d : byCost.devices) {
+    CHECK(d->transportNote() == note, "every rank decides on the same cost: ", d->transportNote(), " / ", note);
+    CHECK(d->sharedWindows()->canReadPeers() == (cost <= shm::kMaxReadCost), note);
+    CHECK((note.find(", cross-memory attach") != std::string::npos) == d->sharedWindows()->canReadPeers(), note);
+  }
   Group tcp(2, over(shm::Mode::kTcp));
   CHECK(tcp.devices[0]->transportNote().empty(), tcp.devices[0]->transportNote());
   // 32 MiB per rank for its inbound rings, two per local peer: 1 MiB each up to 17 local ranks.
   CHECK(shm::ringBytes(2) == (1 << 20) && shm::ringBytes(17) == (1 << 20) && shm::ringBytes(18) == (512 << 10),
         "ring sizes");
   CHECK(shm::ringBytes(1024) == (64 << 10), "ring floor");
+}
+
+void testReadCost() {
+  std::vector<char> theirs(256 << 10, 7);
+  const double cost = shm::readCostOf(::getpid(), uintptr_t(theirs.data()), theirs.data(), theirs.size());
+  CHECK(cost > 0 && cost < 1e6, "a read of this process's own memory: ", cost);
+  CHECK(shm::readCostOf(::getpid(), 0, theirs.data(), theirs.size()) > 1e6, "an unreadable address costs everything");
+  CHECK(shm::parseReadPeers("0") == shm::ReadPeers::kNever && shm::parseReadPeers("1") == shm::ReadPeers::kAlways &&
+            shm::parseReadPeers("auto") == shm::ReadPeers::kWherePays &&
+            shm::parseReadPeers("") == shm::ReadPeers::kWherePays,
+        "COLLX_SHM_CMA's values");
+  std::string error;
+  try {
+    shm::parseReadPeers("yes");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  CHECK(error == "COLLX_SHM_CMA must be 0, 1 or auto, not 'yes'", error);
 }
 
 // A peer that leaves while this rank waits on it: the error comes at once
@@ -143,7 +177,7 @@ void testPeerGoneDuringSetup() {
   const auto start = Clock::now();
   std::string error;
   try {
-    shm::connectLocal(store, "setup/", 7, 1, {0, 0}, {pair[1], -1}, shm::Mode::kAuto, false,
+    shm::connectLocal(store, "setup/", 7, 1, {0, 0}, {pair[1], -1}, shm::Mode::kAuto, shm::ReadPeers::kNever,
                       start + std::chrono::seconds(30), [](int peer) { return str("note of ", peer); });
   } catch (const PeerClosedError& e) {
     error = e.what();
@@ -318,6 +352,7 @@ int main() {
   testRingSleep();
   std::printf("shm: ring ok\n");
   testSetupNotes();
+  testReadCost();
   testPeerGoneMidOp();
   testPeerGoneDuringSetup();
   testAbortWhileSenderBlocked();

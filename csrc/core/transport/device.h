@@ -29,7 +29,7 @@ struct DeviceOptions {
   int family = AF_UNSPEC;  // COLLX_SOCKET_FAMILY: AF_INET, AF_INET6 or either
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   shm::Mode transport = shm::Mode::kAuto;  // COLLX_TRANSPORT: rings for peers on this host
-  bool readPeers = true;  // COLLX_SHM_CMA: cross-memory attach between them, where allowed
+  shm::ReadPeers readPeers = shm::ReadPeers::kWherePays;  // COLLX_SHM_CMA: cross-memory attach between them
   std::string localCongestion = "reno";  // COLLX_TCP_CONGESTION: within a host ("": the system's)
   // COLLX_CONNECT: connect TCP pairs on first use (lazy) or all at creation.
   // Peers that shared memory may link are connected at creation either way:

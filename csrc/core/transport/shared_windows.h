@@ -61,9 +61,11 @@ class SharedWindows {
   virtual char* window(int rank) = 0;
   virtual WindowControl& control(int rank) = 0;
 
-  // Whether readPeer works: every rank can read every other's memory
-  // (cross-memory attach, which a ptrace policy may refuse); the ranks
-  // agreed on it when the group was made, so all choose alike.
+  // Whether the collectives read the peers' memory in place (readPeer):
+  // every rank can (cross-memory attach, which a ptrace policy may refuse)
+  // and, unless COLLX_SHM_CMA=1, such a read costs no more than
+  // shm::kMaxReadCost copies where the ranks measured it. The ranks agreed
+  // on it when the group was made, so all choose alike.
   virtual bool canReadPeers() const = 0;
   // Copies `bytes` from `address` in rank r's memory into dst. Throws Error,
   // breaking the group, if it cannot (the peer died).

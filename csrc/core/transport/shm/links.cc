@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "../../error.h"
@@ -21,6 +24,7 @@ constexpr size_t kMaxRingBytes = 1 << 20;
 constexpr size_t kMinRingBytes = 64 << 10;
 constexpr size_t kRingBudget = 32 << 20;  // per rank: all its inbound rings
 constexpr size_t kPopulatedRanks = 8;      // local ranks up to which setup maps the collectives' memory
+constexpr size_t kReadCostBytes = 256 << 10;  // what a read's cost is measured on: in cache, as an op's chunks are
 
 struct SegmentHeader {
   uint64_t magic;
@@ -49,6 +53,15 @@ Ring ringAt(const Segment& s, int slot, int channel, size_t ring) {
 }
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+
+// The setup line's words on reading in place, and its measured cost.
+std::string readNote(const LocalLinks& l) {
+  if (l.readCost == HUGE_VAL) return "";
+  char cost[32] = "";
+  if (l.readCost > 0) std::snprintf(cost, sizeof cost, "%.2gx a copy", l.readCost);
+  if (!l.readPeers) return str(", the windows: a read of a peer's memory costs ", cost);
+  return l.readCost > 0 ? str(", cross-memory attach (a read ", cost, ")") : ", cross-memory attach";
+}
 
 // Whether this process may read the peer's memory (process_vm_readv needs
 // ptrace-attach rights, which Yama or a seccomp policy may refuse): reads
@@ -135,6 +148,30 @@ Mode parseMode(const std::string& s) {
   throw Error(str("COLLX_TRANSPORT must be auto, tcp or shm, not '", s, "'"));
 }
 
+ReadPeers parseReadPeers(const std::string& s) {
+  if (s == "0") return ReadPeers::kNever;
+  if (s.empty() || s == "auto") return ReadPeers::kWherePays;
+  if (s == "1") return ReadPeers::kAlways;
+  throw Error(str("COLLX_SHM_CMA must be 0, 1 or auto, not '", s, "'"));
+}
+
+double readCostOf(pid_t pid, uint64_t remote, const char* mapped, size_t bytes) {
+  std::vector<char> into(bytes, 1);  // its pages faulted in before any try
+  iovec local{into.data(), bytes};
+  iovec from{reinterpret_cast<void*>(uintptr_t(remote)), bytes};
+  double copy = 1e300, read = 1e300;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(into.data(), mapped, bytes);
+    const auto t1 = Clock::now();
+    if (::process_vm_readv(pid, &local, 1, &from, 1, 0) != ssize_t(bytes)) return 1e300;
+    const auto t2 = Clock::now();
+    copy = std::min(copy, std::chrono::duration<double>(t1 - t0).count());
+    read = std::min(read, std::chrono::duration<double>(t2 - t1).count());
+  }
+  return read / std::max(copy, 1e-9);
+}
+
 const char* name(Mode mode) {
   switch (mode) {
     case Mode::kAuto: return "auto";
@@ -152,8 +189,8 @@ size_t ringBytes(int localRanks) {
 }
 
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
-                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, bool readPeers,
-                        Deadline deadline, const NoteOf& noteOf) {
+                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode,
+                        ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf) {
   const int size = int(hosts.size());
   LocalLinks result;
   result.collectives.resize(size_t(size));
@@ -189,7 +226,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   std::vector<std::string> why(hosts.size());
   result.pids.assign(hosts.size(), 0);
   result.pids[size_t(rank)] = ::getpid();
-  bool readAll = readPeers;
+  bool readAll = readPeers != ReadPeers::kNever;
+  double readCost = 0;  // this rank's, where measured
   for (int peer : peers) {
     const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
     const std::string s(v.begin(), v.end());
@@ -207,6 +245,12 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
                       h->slots == int32_t(peers.size()) && h->ringBytes == ring,
                   "the segment at pid ", pid, " fd ", fd, " is not this group's");
       readAll = readAll && canReadMemoryOf(pid_t(pid), address, *h);
+      if (readAll && readPeers == ReadPeers::kWherePays && readCost == 0) {
+        // The host's cost, measured once: on the first half of a peer's window.
+        const size_t half = windowAt + kPage;
+        seg->populate(half, kReadCostBytes);
+        readCost = readCostOf(pid_t(pid), address + half, seg->data() + half, kReadCostBytes);
+      }
       result.pids[size_t(peer)] = pid_t(pid);
       theirs[size_t(peer)] = std::move(seg);
     } catch (const Error& e) {
@@ -243,20 +287,31 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   // 5. The windows serve collectives of the whole group, which every rank
   //    must run alike: when all ranks share this host, they use them only if
   //    every pair linked, and read each other's memory only if every rank
-  //    can, which each rank tells the others ("0": not linked, "1": linked,
-  //    "2": linked and can read every peer).
+  //    can and the dearest read any rank measured pays, which each rank
+  //    tells the others ("0": not linked, "1": linked, "2 <cost>": linked
+  //    and can read every peer, at that cost; 0 where reads are forced).
+  //    Every rank decides on the same words, its own among them.
   if (int(peers.size()) == size - 1) {
-    const char* mine = !failures.empty() ? "0" : readAll ? "2" : "1";
+    char mine[48] = "0";
+    if (failures.empty() && readAll) std::snprintf(mine, sizeof mine, "2 %.3g", readCost);
+    if (failures.empty() && !readAll) std::snprintf(mine, sizeof mine, "1");
     store.set(key + "linked/" + std::to_string(rank), bytesOf(mine));
     bool everyPair = failures.empty();
+    double cost = 0;
+    auto hear = [&](const std::string& said) {
+      everyPair = everyPair && said != "0";
+      readAll = readAll && said.rfind("2 ", 0) == 0;
+      if (readAll) cost = std::max(cost, std::strtod(said.c_str() + 2, nullptr));
+    };
+    hear(mine);
     for (int peer : peers) {
       const auto said =
           awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
-      everyPair = everyPair && said != bytesOf("0");
-      readAll = readAll && said == bytesOf("2");
+      hear(std::string(said.begin(), said.end()));
     }
     if (!everyPair) std::fill(result.windows.begin(), result.windows.end(), nullptr);
-    result.readPeers = everyPair && readAll;
+    result.readCost = readAll ? cost : HUGE_VAL;
+    result.readPeers = everyPair && readAll && cost <= kMaxReadCost;
   }
 
   // What the collectives write and read, mapped now, for few local ranks
@@ -278,8 +333,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     result.note = str("shared memory unavailable (", failures, "); those pairs use TCP");
     COLLX_CHECK(mode != Mode::kShm, "collx rank ", rank, ": COLLX_TRANSPORT=shm, but ", result.note);
   } else {
-    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings",
-                      result.readPeers ? ", cross-memory attach" : "");
+    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings", readNote(result));
   }
   return result;
 }

@@ -23,6 +23,7 @@
 // ringBytes(local ranks).
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,6 +41,18 @@ namespace collx::shm {
 enum class Mode { kAuto, kTcp, kShm };
 Mode parseMode(const std::string& name);  // throws Error naming COLLX_TRANSPORT
 const char* name(Mode mode);
+
+// Whether the shared-memory collectives read the peers' memory in place
+// (cross-memory attach, COLLX_SHM_CMA): never; where the ranks may and a read
+// costs at most kMaxReadCost times a copy out of a peer's window, as each rank
+// measures at setup; or wherever the ranks may.
+enum class ReadPeers { kNever, kWherePays, kAlways };
+ReadPeers parseReadPeers(const std::string& value);  // 0, auto, 1; throws Error naming COLLX_SHM_CMA
+// A read in place stands for one to two copies per byte (a copy into a
+// window and one out of it), so it pays only while it costs less than about
+// one and a half. Where process_vm_readv pins pages slowly (a virtual
+// machine's), it has cost 3-5 copies (docs/measurements.md).
+constexpr double kMaxReadCost = 1.5;
 
 // Ring capacity for a group with `localRanks` ranks on one host: 1 MiB,
 // less for many local ranks so that a rank's inbound rings stay within 32 MiB.
@@ -63,10 +76,13 @@ struct LocalLinks {
   // and for every rank unless every pair of an all-local group linked.
   std::vector<char*> windows;
   std::vector<std::shared_ptr<Segment>> segments;  // keep `windows` mapped
-  // With the windows: every rank's process, and whether each rank can read
-  // every other's memory with process_vm_readv (the ranks agreed on it).
+  // With the windows: every rank's process, and whether the collectives read
+  // each other's memory with process_vm_readv (the ranks agreed on it).
   std::vector<pid_t> pids;
   bool readPeers = false;
+  // The largest time of a read over a copy's that a rank measured (0 where
+  // ReadPeers::kAlways, infinity where some rank may not read the others').
+  double readCost = HUGE_VAL;
   std::string note;  // one line on what was set up or why not, for the log
   bool unavailable = false;  // some local pair could not use shared memory
 };
@@ -75,10 +91,15 @@ struct LocalLinks {
 using NoteOf = std::function<std::string(int peer)>;
 
 // `fds`: the connected TCP socket per peer (blocking; -1 for self).
-// `readPeers`: try cross-memory attach (COLLX_SHM_CMA). A local peer whose
+// `readPeers`: whether to read in place (COLLX_SHM_CMA). A local peer whose
 // socket closes during setup fails it at once, with its note.
+// This process's cost of reading `bytes` of process `pid`'s memory at
+// `remote` with process_vm_readv, as a multiple of a copy of the same bytes
+// from `mapped`, its mapping here: the best of a few alternating tries.
+double readCostOf(pid_t pid, uint64_t remote, const char* mapped, size_t bytes);
+
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
-                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode, bool readPeers,
-                        Deadline deadline, const NoteOf& noteOf = nullptr);
+                        const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode,
+                        ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf = nullptr);
 
 }  // namespace collx::shm
