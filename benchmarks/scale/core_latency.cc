@@ -1,10 +1,13 @@
 // A small all-reduce's time in the core alone, without torch: N ranks as
 // threads of this process over shared memory (or --transport tcp), each
-// running back-to-back all-reduces of --bytes with one algorithm. It times
+// running back-to-back all-reduces (or all-gathers: shm forces the windows'
+// form, any other --algorithm takes what allgather() picks) of --bytes with
+// one algorithm; --read-peers 0 keeps the shm forms off the reads in place. It times
 // what collx's own code and the waits for the peers cost per op, apart from
 // torch's per-call floor (benchmarks/small_op.py times both).
 //
 //   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
+//       [--op all_reduce|all_gather] [--read-peers 1|0] [--transport shm|tcp]
 //
 // Prints ns per op, rank 0's, over the last three quarters of the ops.
 #include <cstdio>

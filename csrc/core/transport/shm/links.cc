@@ -245,7 +245,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
                       h->slots == int32_t(peers.size()) && h->ringBytes == ring,
                   "the segment at pid ", pid, " fd ", fd, " is not this group's");
       readAll = readAll && canReadMemoryOf(pid_t(pid), address, *h);
-      if (readAll && readPeers == ReadPeers::kWherePays && readCost == 0) {
+      if (readAll && readPeers == ReadPeers::kWherePays && readCost == 0 && int(peers.size()) == size - 1) {
         // The host's cost, measured once: on the first half of a peer's window.
         const size_t half = windowAt + kPage;
         seg->populate(half, kReadCostBytes);

@@ -90,14 +90,14 @@ struct LocalLinks {
 // What a peer that failed left as its reason ("" if nothing).
 using NoteOf = std::function<std::string(int peer)>;
 
-// `fds`: the connected TCP socket per peer (blocking; -1 for self).
-// `readPeers`: whether to read in place (COLLX_SHM_CMA). A local peer whose
-// socket closes during setup fails it at once, with its note.
 // This process's cost of reading `bytes` of process `pid`'s memory at
 // `remote` with process_vm_readv, as a multiple of a copy of the same bytes
 // from `mapped`, its mapping here: the best of a few alternating tries.
 double readCostOf(pid_t pid, uint64_t remote, const char* mapped, size_t bytes);
 
+// `fds`: the connected TCP socket per peer (blocking; -1 for self).
+// `readPeers`: whether to read in place (COLLX_SHM_CMA). A local peer whose
+// socket closes during setup fails it at once, with its note.
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
                         const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode,
                         ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf = nullptr);
