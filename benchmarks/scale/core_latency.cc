@@ -1,8 +1,8 @@
 // A small all-reduce's time in the core alone, without torch: N ranks as
 // threads of this process over shared memory (or --transport tcp), each
-// running back-to-back all-reduces (or all-gathers: shm forces the windows'
-// form, any other --algorithm takes what allgather() picks) of --bytes with
-// one algorithm; --read-peers 0 keeps the shm forms off the reads in place. It times
+// running back-to-back all-reduces (or all-gathers: shm forces the shm form,
+// any other --algorithm takes what allgather() picks) of --bytes with one
+// algorithm; --read-peers 0 keeps the shm forms off the reads in place. It times
 // what collx's own code and the waits for the peers cost per op, apart from
 // torch's per-call floor (benchmarks/small_op.py times both).
 //
@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
     Clock::time_point start = Clock::now();
     for (int i = 0; i < ops; ++i) {
       if (i == ops / 4) start = Clock::now();
-      Collective c{*g.devices[size_t(r)], op == "all_gather" ? OpKind::kAllgather : OpKind::kAllreduce, DataType::kFloat32, uint64_t(i + 1), deadline,
-                   1 << 16, 2, ws};
+      const OpKind kind = op == "all_gather" ? OpKind::kAllgather : OpKind::kAllreduce;
+      Collective c{*g.devices[size_t(r)], kind, DataType::kFloat32, uint64_t(i + 1), deadline, 1 << 16, 2, ws};
       if (op == "all_reduce") {
         allreduce(c, algo, buf.data(), count, fn);
       } else if (op == "all_gather") {

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -54,15 +53,15 @@ Ring ringAt(const Segment& s, int slot, int channel, size_t ring) {
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
-// The setup line's words on reading in place. They name the choice, not
-// the measured cost, which moves from run to run: the line keys the
-// calibration cache.
-std::string readNote(const LocalLinks& l) {
-  if (l.readCost == HUGE_VAL) return "";
+// The setup line's words on reading in place, where every rank may. They
+// name the choice, not the measured cost, which moves from run to run: the
+// line keys the calibration cache.
+std::string readNote(bool everyRankMayRead, bool reads) {
+  if (!everyRankMayRead) return "";
+  if (reads) return ", cross-memory attach";
   char most[16];
   std::snprintf(most, sizeof most, "%g", kMaxReadCost);
-  if (!l.readPeers) return str(", the windows: a read of a peer's memory costs over ", most, " copies");
-  return ", cross-memory attach";
+  return str(", the windows: a read of a peer's memory costs over ", most, " copies");
 }
 
 // Whether this process may read the peer's memory (process_vm_readv needs
@@ -229,6 +228,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   result.pids.assign(hosts.size(), 0);
   result.pids[size_t(rank)] = ::getpid();
   bool readAll = readPeers != ReadPeers::kNever;
+  const bool allLocal = int(peers.size()) == size - 1;
   double readCost = 0;  // this rank's, where measured
   for (int peer : peers) {
     const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
@@ -247,7 +247,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
                       h->slots == int32_t(peers.size()) && h->ringBytes == ring,
                   "the segment at pid ", pid, " fd ", fd, " is not this group's");
       readAll = readAll && canReadMemoryOf(pid_t(pid), address, *h);
-      if (readAll && readPeers == ReadPeers::kWherePays && readCost == 0 && int(peers.size()) == size - 1) {
+      if (readAll && readPeers == ReadPeers::kWherePays && readCost == 0 && allLocal) {
         // The host's cost, measured once: on the first half of a peer's window.
         const size_t half = windowAt + kPage;
         seg->populate(half, kReadCostBytes);
@@ -293,7 +293,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   //    tells the others ("0": not linked, "1": linked, "2 <cost>": linked
   //    and can read every peer, at that cost; 0 where reads are forced).
   //    Every rank decides on the same words, its own among them.
-  if (int(peers.size()) == size - 1) {
+  if (allLocal) {
     char mine[48] = "0";
     if (failures.empty() && readAll) std::snprintf(mine, sizeof mine, "2 %.3g", readCost);
     if (failures.empty() && !readAll) std::snprintf(mine, sizeof mine, "1");
@@ -312,7 +312,6 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
       hear(std::string(said.begin(), said.end()));
     }
     if (!everyPair) std::fill(result.windows.begin(), result.windows.end(), nullptr);
-    result.readCost = readAll ? cost : HUGE_VAL;
     result.readPeers = everyPair && readAll && cost <= kMaxReadCost;
   }
 
@@ -335,7 +334,8 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     result.note = str("shared memory unavailable (", failures, "); those pairs use TCP");
     COLLX_CHECK(mode != Mode::kShm, "collx rank ", rank, ": COLLX_TRANSPORT=shm, but ", result.note);
   } else {
-    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings", readNote(result));
+    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings",
+                      readNote(allLocal && readAll, result.readPeers));
   }
   return result;
 }

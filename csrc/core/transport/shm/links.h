@@ -23,7 +23,6 @@
 // ringBytes(local ranks).
 #pragma once
 
-#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -80,9 +79,6 @@ struct LocalLinks {
   // each other's memory with process_vm_readv (the ranks agreed on it).
   std::vector<pid_t> pids;
   bool readPeers = false;
-  // The largest time of a read over a copy's that a rank measured (0 where
-  // ReadPeers::kAlways, infinity where some rank may not read the others').
-  double readCost = HUGE_VAL;
   std::string note;  // one line on what was set up or why not, for the log
   bool unavailable = false;  // some local pair could not use shared memory
 };
