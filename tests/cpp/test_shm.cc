@@ -103,26 +103,27 @@ void testSetupNotes() {
     CHECK(d->transportNote().find("shared memory with 2 local peer(s), 1024 KiB rings") == 0, d->transportNote());
     CHECK(!d->shmUnavailable(), "shm available");
     CHECK(d->transportNote().find("cross-memory attach") != std::string::npos, d->transportNote());
-    CHECK(d->sharedWindows()->canReadPeers(), "the ranks (threads of one process) can read each other");
+    CHECK(d->sharedWindows()->peerReads() == PeerReads::kAll, "the ranks (threads of one process) can read each other");
   }
   Group noCma(2, over(shm::Mode::kShm, false));
   for (auto& d : noCma.devices) {
     CHECK(d->transportNote().find("cross-memory attach") == std::string::npos, d->transportNote());
-    CHECK(d->sharedWindows() && !d->sharedWindows()->canReadPeers(), "COLLX_SHM_CMA=0 turns it off");
+    CHECK(d->sharedWindows() && d->sharedWindows()->peerReads() == PeerReads::kNone, "COLLX_SHM_CMA=0 turns it off");
   }
-  // By default the ranks read in place only where a read, as they measure it
-  // at setup, costs at most kMaxReadCost copies; all decide on the dearest.
+  // By default the ranks read in place only what a read, as they measure it
+  // at setup, pays for; all decide on the dearest.
   tcp::DeviceOptions measured;
   measured.transport = shm::Mode::kShm;
   Group byCost(3, measured);
   const std::string note = byCost.devices[0]->transportNote();
-  const bool reads = byCost.devices[0]->sharedWindows()->canReadPeers();
-  CHECK(note.find(reads ? ", cross-memory attach" : ", the windows: a read of a peer's memory costs over 1.5 copies") !=
-            std::string::npos,
-        note);
+  const PeerReads reads = byCost.devices[0]->sharedWindows()->peerReads();
+  const char* const said[] = {", the windows: a read of a peer's memory costs over 2 copies",
+                              ", cross-memory attach for copies: a read to reduce costs over 1.4 copies",
+                              ", cross-memory attach"};
+  CHECK(note.find(said[int(reads)]) != std::string::npos, note);
   for (auto& d : byCost.devices) {
     CHECK(d->transportNote() == note, "every rank decides alike: ", d->transportNote(), " / ", note);
-    CHECK(d->sharedWindows()->canReadPeers() == reads, note);
+    CHECK(d->sharedWindows()->peerReads() == reads, note);
   }
   Group tcp(2, over(shm::Mode::kTcp));
   CHECK(tcp.devices[0]->transportNote().empty(), tcp.devices[0]->transportNote());
@@ -137,6 +138,10 @@ void testReadCost() {
   const double cost = shm::readCostOf(::getpid(), uintptr_t(theirs.data()), theirs.data(), theirs.size());
   CHECK(cost > 0 && cost < 1e6, "a read of this process's own memory: ", cost);
   CHECK(shm::readCostOf(::getpid(), 0, theirs.data(), theirs.size()) > 1e6, "an unreadable address costs everything");
+  CHECK(shm::readsAtCost(0) == PeerReads::kAll && shm::readsAtCost(1.4) == PeerReads::kAll &&
+            shm::readsAtCost(1.7) == PeerReads::kCopies && shm::readsAtCost(2) == PeerReads::kCopies &&
+            shm::readsAtCost(3) == PeerReads::kNone && shm::readsAtCost(1e300) == PeerReads::kNone,
+        "what a read's cost pays for");
   CHECK(shm::parseReadPeers("0") == shm::ReadPeers::kNever && shm::parseReadPeers("1") == shm::ReadPeers::kAlways &&
             shm::parseReadPeers("auto") == shm::ReadPeers::kWherePays &&
             shm::parseReadPeers("") == shm::ReadPeers::kWherePays,

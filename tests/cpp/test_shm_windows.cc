@@ -341,7 +341,7 @@ void testCountersByCarrier(bool readPeers) {
   const int n = 3;
   const size_t count = 5 << 19;  // floats, 10 MiB: several chunks, of the windows or read in place
   Group g(n, over(shm::Mode::kShm, readPeers));
-  const bool inPlace = g.devices[0]->sharedWindows()->canReadPeers();
+  const bool inPlace = g.devices[0]->sharedWindows()->peerReads() == PeerReads::kAll;
   CHECK(inPlace == readPeers, "threads of one process can read each other's memory");
   const int carrier = int(inPlace ? Carrier::kPeerMemory : Carrier::kShmWindow);
   std::vector<TransportCounters> before(n), after(n);

@@ -90,7 +90,7 @@ inline bool overlaps(const void* a, const void* b, size_t bytes) {
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
 // Whether all_gather of `blockBytes` per rank runs in shared memory: where
 // useSharedWindows for the whole output, or from kReadInPlaceMinBlockBytes
-// where the ranks can read each other's memory (SharedWindows::canReadPeers):
+// where the ranks read each other's blocks in place (SharedWindows::peerReads):
 // one copy per byte received, against two through the rings or windows.
 bool allgatherInShm(const Transport& t, size_t blockBytes);
 constexpr size_t kReadInPlaceMinBlockBytes = 8 << 10;

@@ -37,7 +37,7 @@ bool useSharedWindows(const Transport& t, size_t bytes) { return bytes >= kShmMi
 bool allgatherInShm(const Transport& t, size_t blockBytes) {
   const SharedWindows* w = t.sharedWindows();
   return w && (blockBytes * size_t(t.size()) >= kShmMinBytes ||
-               (blockBytes >= kReadInPlaceMinBlockBytes && w->canReadPeers()));
+               (blockBytes >= kReadInPlaceMinBlockBytes && w->peerReads() >= PeerReads::kCopies));
 }
 
 Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes) {

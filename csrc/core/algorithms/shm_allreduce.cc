@@ -97,7 +97,7 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
     return;
   }
   const size_t bytes = count * es;
-  if (chunks.canReadPeers() && bytes >= kReadInPlaceMinBytes && bytes * size_t(n) <= kReadInPlaceMaxBytesTimesRanks) {
+  if (chunks.readsInPlace(PeerReads::kCopies) && bytes >= kReadInPlaceMinBytes && bytes * size_t(n) <= kReadInPlaceMaxBytesTimesRanks) {
     return allreduceInPlace(chunks, c, out, count, fn);
   }
 

@@ -22,8 +22,8 @@
 // The counters grow across ops, whatever op ran before, so every rank's
 // chunk k is in the same half.
 //
-// Where every rank can read the others' memory (cross-memory attach,
-// SharedWindows::canReadPeers), readInPlace() runs an op as one chunk that
+// Where the ranks read the others' memory (cross-memory attach,
+// SharedWindows::peerReads), readInPlace() runs an op as one chunk that
 // moves nothing through the windows: each rank posts where its data lies (a
 // table of addresses at the head of its half), the peers copy it straight
 // from there (read()), and a last round keeps every rank's data in place
@@ -73,7 +73,8 @@ class ShmChunks {
   // Bytes this rank wrote into its window for the peers, and copied from theirs.
   void moved(size_t sent, size_t received) { w_.count(Carrier::kShmWindow, sent, received); }
 
-  bool canReadPeers() const { return w_.canReadPeers(); }
+  // Whether the group reads in place the peers' memory that `use` reads.
+  bool readsInPlace(PeerReads use) const { return w_.peerReads() >= use; }
   // Runs read() as above, with the `count` addresses (where this rank's data
   // lies) posted; then meanwhile(), local work that must not touch the posted
   // data, while the peers may still read it.

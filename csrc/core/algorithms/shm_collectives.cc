@@ -85,9 +85,9 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
   COLLX_CHECK(pieceElems > 0, "collx rank ", me, ": a shared window is too small for ", n, " ranks");
   auto block = [&](int r) { return static_cast<const char*>(blocks[size_t(r)]); };
   char* const result = static_cast<char*>(out);
-  // Every rank takes the same form: canReadPeers is the group's, and the
+  // Every rank takes the same form: peerReads is the group's, and the
   // block size the same everywhere.
-  if (chunks.canReadPeers() && blockCount * es <= kReadInPlaceMaxBlockBytes) {
+  if (chunks.readsInPlace(PeerReads::kAll) && blockCount * es <= kReadInPlaceMaxBlockBytes) {
     return reduceScatterInPlace(chunks, c, blocks, result, blockCount, fn);
   }
 
@@ -116,7 +116,7 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
     if (bytes > 0 && block(me) != mine) std::memmove(block(me), mine, bytes);
   };
 
-  if (chunks.canReadPeers()) {
+  if (chunks.readsInPlace(PeerReads::kCopies)) {
     // This rank's own block is copied while the peers read its input, where
     // that copy leaves the input as they read it.
     const bool apart = !overlaps(mine, block(me), bytes);

@@ -86,7 +86,7 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   shmUnavailable_ = local.unavailable;
   if (std::all_of(local.windows.begin(), local.windows.end(), [](char* w) { return w != nullptr; })) {
     windows_ = std::make_unique<Windows>(*this, std::move(local.windows), std::move(local.segments),
-                                         std::move(local.pids), local.readPeers);
+                                         std::move(local.pids), local.peerReads);
   }
   for (int peer = 0; peer < size; ++peer) {
     if (sockets[kCollectives][size_t(peer)].valid()) {

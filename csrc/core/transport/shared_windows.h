@@ -20,6 +20,16 @@
 
 namespace collx {
 
+// What the shared-memory collectives read from the peers' memory in place,
+// in rising order: nothing; the reads that stand for a copy into a window and
+// one out of it (all_gather's blocks, the all-reduce's slices); or those too
+// that stand for one copy in and feed a reduction (reduce_scatter's pieces,
+// read into a scratch and reduced from there). Every rank must be able to
+// (cross-memory attach, which a ptrace policy may refuse), and unless
+// COLLX_SHM_CMA=1 the read must pay as the ranks measured it
+// (shm::kMaxCopyReadCost, shm::kMaxReduceReadCost).
+enum class PeerReads { kNone, kCopies, kAll };
+
 struct alignas(64) WindowControl {
   std::atomic<uint32_t> bell;      // bumped to wake this rank when it sleeps (a futex word)
   std::atomic<uint32_t> sleeping;  // this rank sleeps on `bell`
@@ -61,12 +71,10 @@ class SharedWindows {
   virtual char* window(int rank) = 0;
   virtual WindowControl& control(int rank) = 0;
 
-  // Whether the collectives read the peers' memory in place (readPeer):
-  // every rank can (cross-memory attach, which a ptrace policy may refuse)
-  // and, unless COLLX_SHM_CMA=1, such a read costs no more than
-  // shm::kMaxReadCost copies where the ranks measured it. The ranks agreed
-  // on it when the group was made, so all choose alike.
-  virtual bool canReadPeers() const = 0;
+  // Which collectives read the peers' memory in place (readPeer) instead of
+  // through the windows (PeerReads). The ranks agreed on it when the group
+  // was made, so all choose alike.
+  virtual PeerReads peerReads() const = 0;
   // Copies `bytes` from `address` in rank r's memory into dst. Throws Error,
   // breaking the group, if it cannot (the peer died).
   virtual void readPeer(int r, uint64_t address, void* dst, size_t bytes) = 0;

@@ -23,7 +23,7 @@ constexpr size_t kMaxRingBytes = 1 << 20;
 constexpr size_t kMinRingBytes = 64 << 10;
 constexpr size_t kRingBudget = 32 << 20;  // per rank: all its inbound rings
 constexpr size_t kPopulatedRanks = 8;      // local ranks up to which setup maps the collectives' memory
-constexpr size_t kReadCostBytes = 256 << 10;  // what a read's cost is measured on: in cache, as an op's chunks are
+constexpr size_t kReadCostBytes = 1 << 20;  // what a read's cost is measured on: a window's half, as a chunk is
 
 struct SegmentHeader {
   uint64_t magic;
@@ -56,12 +56,20 @@ std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}
 // The setup line's words on reading in place, where every rank may. They
 // name the choice, not the measured cost, which moves from run to run: the
 // line keys the calibration cache.
-std::string readNote(bool everyRankMayRead, bool reads) {
+std::string readNote(bool everyRankMayRead, PeerReads reads) {
+  auto copies = [](double cost) {
+    char s[16];
+    std::snprintf(s, sizeof s, "%g", cost);
+    return str(s, " copies");
+  };
   if (!everyRankMayRead) return "";
-  if (reads) return ", cross-memory attach";
-  char most[16];
-  std::snprintf(most, sizeof most, "%g", kMaxReadCost);
-  return str(", the windows: a read of a peer's memory costs over ", most, " copies");
+  switch (reads) {
+    case PeerReads::kAll: return ", cross-memory attach";
+    case PeerReads::kCopies:
+      return ", cross-memory attach for copies: a read to reduce costs over " + copies(kMaxReduceReadCost);
+    case PeerReads::kNone: break;
+  }
+  return ", the windows: a read of a peer's memory costs over " + copies(kMaxCopyReadCost);
 }
 
 // Whether this process may read the peer's memory (process_vm_readv needs
@@ -154,6 +162,11 @@ ReadPeers parseReadPeers(const std::string& s) {
   if (s.empty() || s == "auto") return ReadPeers::kWherePays;
   if (s == "1") return ReadPeers::kAlways;
   throw Error(str("COLLX_SHM_CMA must be 0, 1 or auto, not '", s, "'"));
+}
+
+PeerReads readsAtCost(double cost) {
+  if (cost <= kMaxReduceReadCost) return PeerReads::kAll;
+  return cost <= kMaxCopyReadCost ? PeerReads::kCopies : PeerReads::kNone;
 }
 
 double readCostOf(pid_t pid, uint64_t remote, const char* mapped, size_t bytes) {
@@ -289,7 +302,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   // 5. The windows serve collectives of the whole group, which every rank
   //    must run alike: when all ranks share this host, they use them only if
   //    every pair linked, and read each other's memory only if every rank
-  //    can and the dearest read any rank measured pays, which each rank
+  //    can, where the dearest read any rank measured pays, which each rank
   //    tells the others ("0": not linked, "1": linked, "2 <cost>": linked
   //    and can read every peer, at that cost; 0 where reads are forced).
   //    Every rank decides on the same words, its own among them.
@@ -312,7 +325,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
       hear(std::string(said.begin(), said.end()));
     }
     if (!everyPair) std::fill(result.windows.begin(), result.windows.end(), nullptr);
-    result.readPeers = everyPair && readAll && cost <= kMaxReadCost;
+    if (everyPair && readAll) result.peerReads = readsAtCost(cost);
   }
 
   // What the collectives write and read, mapped now, for few local ranks
@@ -335,7 +348,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     COLLX_CHECK(mode != Mode::kShm, "collx rank ", rank, ": COLLX_TRANSPORT=shm, but ", result.note);
   } else {
     result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings",
-                      readNote(allLocal && readAll, result.readPeers));
+                      readNote(allLocal && readAll, result.peerReads));
   }
   return result;
 }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../../store.h"
+#include "../shared_windows.h"
 #include "../transport.h"
 #include "ring.h"
 #include "segment.h"
@@ -42,16 +43,19 @@ Mode parseMode(const std::string& name);  // throws Error naming COLLX_TRANSPORT
 const char* name(Mode mode);
 
 // Whether the shared-memory collectives read the peers' memory in place
-// (cross-memory attach, COLLX_SHM_CMA): never; where the ranks may and a read
-// costs at most kMaxReadCost times a copy out of a peer's window, as each rank
-// measures at setup; or wherever the ranks may.
+// (cross-memory attach, COLLX_SHM_CMA): never; where the ranks may and the
+// read pays, by its cost as each rank measures it at setup (a multiple of a
+// copy of the same bytes); or wherever the ranks may (PeerReads::kAll).
 enum class ReadPeers { kNever, kWherePays, kAlways };
 ReadPeers parseReadPeers(const std::string& value);  // 0, auto, 1; throws Error naming COLLX_SHM_CMA
-// A read in place stands for one to two copies per byte (a copy into a
-// window and one out of it), so it pays only while it costs less than about
-// one and a half. Where process_vm_readv pins pages slowly (a virtual
-// machine's), it has cost 3-5 copies (docs/measurements.md).
-constexpr double kMaxReadCost = 1.5;
+// A read that stands for two copies (PeerReads::kCopies) pays while it costs
+// less than those two; one that stands for a copy in and is reduced from a
+// scratch (kAll) pays only near one copy's cost. Where process_vm_readv pins
+// pages slowly (a virtual machine's), a read has cost 3-5 copies; where
+// reductions lost and gathers won, 1.7 (docs/measurements.md).
+constexpr double kMaxCopyReadCost = 2.0, kMaxReduceReadCost = 1.4;
+// What the ranks read in place where the dearest read costs `cost` copies.
+PeerReads readsAtCost(double cost);
 
 // Ring capacity for a group with `localRanks` ranks on one host: 1 MiB,
 // less for many local ranks so that a rank's inbound rings stay within 32 MiB.
@@ -75,10 +79,10 @@ struct LocalLinks {
   // and for every rank unless every pair of an all-local group linked.
   std::vector<char*> windows;
   std::vector<std::shared_ptr<Segment>> segments;  // keep `windows` mapped
-  // With the windows: every rank's process, and whether the collectives read
-  // each other's memory with process_vm_readv (the ranks agreed on it).
+  // With the windows: every rank's process, and what the collectives read
+  // of each other's memory with process_vm_readv (the ranks agreed on it).
   std::vector<pid_t> pids;
-  bool readPeers = false;
+  PeerReads peerReads = PeerReads::kNone;
   std::string note;  // one line on what was set up or why not, for the log
   bool unavailable = false;  // some local pair could not use shared memory
 };

@@ -32,9 +32,9 @@ void futexWake(std::atomic<uint32_t>* word) {
 }  // namespace
 
 Device::Windows::Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments,
-                         std::vector<pid_t> pids, bool readPeers)
+                         std::vector<pid_t> pids, PeerReads reads)
     : device_(device), areas_(std::move(areas)), segments_(std::move(segments)), pids_(std::move(pids)),
-      readPeers_(readPeers) {
+      reads_(reads) {
   static_assert(sizeof(WindowControl) <= kControlBytes, "the control block fits its page");
 }
 

@@ -14,14 +14,14 @@ namespace collx::tcp {
 
 class Device::Windows : public SharedWindows {
  public:
-  // `pids` and `readPeers`: shm::LocalLinks's.
+  // `pids` and `reads`: shm::LocalLinks's.
   Windows(Device& device, std::vector<char*> areas, std::vector<std::shared_ptr<shm::Segment>> segments,
-          std::vector<pid_t> pids, bool readPeers);
+          std::vector<pid_t> pids, PeerReads reads);
 
   size_t halfBytes() const override { return shm::kWindowHalfBytes; }
   char* window(int rank) override { return areas_.at(size_t(rank)) + kControlBytes; }
   WindowControl& control(int rank) override { return *reinterpret_cast<WindowControl*>(areas_.at(size_t(rank))); }
-  bool canReadPeers() const override { return readPeers_; }
+  PeerReads peerReads() const override { return reads_; }
   void readPeer(int r, uint64_t address, void* dst, size_t bytes) override;
   void count(Carrier c, uint64_t sent, uint64_t received) override { counters_.add(c, sent, received); }
   TransportCounters counters() const override { return counters_.snapshot(); }
@@ -42,7 +42,7 @@ class Device::Windows : public SharedWindows {
   std::vector<char*> areas_;
   std::vector<std::shared_ptr<shm::Segment>> segments_;
   std::vector<pid_t> pids_;
-  bool readPeers_;
+  PeerReads reads_;
   std::vector<pollfd> pollfds_;  // checkPeers()'s
   SharedCounters counters_;
 };
