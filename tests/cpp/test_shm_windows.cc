@@ -6,6 +6,9 @@
 // after an op read in place, a reduce-scatter's two orders giving the same
 // bits, a peer's cancel seen by a windows op, which receives no message, and
 // the bytes each carrier moved.
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -404,6 +407,34 @@ void testCountersByCarrier(bool readPeers) {
   }
 }
 
+// Two ranks stacked on one core, as processes can start while another core
+// idles: a waiter that finds the core shared sleeps instead of yielding
+// (Device::spinPause), and the peer's post must wake it, on the windows'
+// counters and on the rings alike. Every op's values come out right.
+void testStackedOnOneCore() {
+  const int n = 2;
+  Group g(n, over(shm::Mode::kShm));
+  const int core = sched_getcpu();
+  test::runRanks(n, [&](int r) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(core, &one);
+    CHECK(pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0, "pin rank ", r, " to core ", core);
+    Workspace ws;
+    const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
+    for (uint64_t seq = 1; seq <= 400; ++seq) {
+      const size_t count = seq % 3 == 0 ? 20000 : 1000;  // 80 KB: the windows' chunks; 4 KB: one round
+      std::vector<int32_t> buf(count, int32_t(seq + r));
+      Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20),
+                   1 << 16, 2, ws};
+      (seq % 2 ? shmAllreduce : directAllreduce)(c, buf.data(), count, sum);
+      for (size_t i = 0; i < count; ++i) {
+        CHECK(buf[i] == int32_t(2 * seq + 1), "#", seq, " rank ", r, " element ", i, ": ", buf[i]);
+      }
+    }
+  });
+}
+
 int main() {
   testWindowsAllreduceFailures();
   for (bool readPeers : {false, true}) {
@@ -414,7 +445,8 @@ int main() {
   testReadInPlaceKeepsBuffers();
   testReduceScatterOrders();
   testCancelBeforeWindowsOp();
+  testStackedOnOneCore();
   std::printf("shm windows: failures, mismatches, back to back, read in place, reduce-scatter orders, cancel, "
-              "counters ok\n");
+              "counters, stacked on one core ok\n");
   return 0;
 }

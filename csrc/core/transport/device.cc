@@ -29,6 +29,15 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(250);
 constexpr auto kYieldSpin = std::chrono::microseconds(200);
 constexpr auto kPureSpin = std::chrono::microseconds(20);
+// A yield that gave the core away for longer than this, where every local
+// rank has a core of its own, means another thread runs on this core: most
+// often a peer, after the ranks started stacked on one core while another
+// idled. Yields only trade the core between them (each finds the other's
+// post done when it gets the core back, so neither ever sleeps), while a
+// sleep lets the scheduler wake the sleeper on the idle core (stacked, a
+// 4 KiB all-reduce took 3-5x its time until the load balancer moved one,
+// docs/measurements.md).
+constexpr auto kSharedCoreYield = std::chrono::microseconds(20);
 // How long a failing rank may spend finishing half-sent messages so that its
 // abort frames reach the peers (all pairs together).
 constexpr auto kAbortGrace = std::chrono::milliseconds(200);
@@ -122,8 +131,19 @@ Device::~Device() {
   ::close(wakeFd_);
 }
 
-void Device::spinPause(Clock::duration spun) const {
-  if (yield_ || spun > kPureSpin) std::this_thread::yield();
+bool Device::spinPause(Clock::duration spun) const {
+  if (yield_) {
+    std::this_thread::yield();
+    return false;
+  }
+  if (spun <= kPureSpin) return false;
+  // The yield that found the core shared ends its own wait as it did (the
+  // peer ran meanwhile); the next wait to get this far sleeps.
+  if (coreShared_.exchange(false, std::memory_order_relaxed)) return true;
+  const auto before = Clock::now();
+  std::this_thread::yield();
+  if (Clock::now() - before > kSharedCoreYield) coreShared_.store(true, std::memory_order_relaxed);
+  return false;
 }
 
 SharedWindows* Device::sharedWindows() const { return windows_.get(); }
@@ -316,10 +336,7 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
       if (interrupted_) throw Error("interrupted");  // breakWith below says why
       progressOnce(done, deadline);
       if (done.size() > start || pending_ == 0) break;
-      if (const auto now = Clock::now(); now < spinUntil) {
-        spinPause(now - spinStart);
-        continue;
-      }
+      if (const auto now = Clock::now(); now < spinUntil && !spinPause(now - spinStart)) continue;
       fds.clear();
       watched.clear();
       sleepers.clear();

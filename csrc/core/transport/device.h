@@ -148,8 +148,10 @@ class Device : public Transport {
   std::chrono::microseconds spin_{0};  // busy-poll budget per waitSome
   bool yield_ = false;                 // yield the core between busy polls from the start
   // Between two busy polls, `spun` into them: yields the core where yield_,
-  // or once the pure spin has passed.
-  void spinPause(Clock::duration spun) const;
+  // or once the pure spin has passed. Returns whether the waiter should
+  // sleep now rather than spin on (kSharedCoreYield).
+  bool spinPause(Clock::duration spun) const;
+  mutable std::atomic<bool> coreShared_{false};  // a yield found this core shared (spinPause)
   std::set<uint64_t> cancelled_;  // collectives cancelled here (see Pair)
   // The latest of the user's collectives this rank posted or ran in the
   // windows (not the group's own: types.h's kInternalSeqs).

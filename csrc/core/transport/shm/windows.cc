@@ -92,10 +92,7 @@ void Device::Windows::waitFor(const std::function<bool()>& ready, Deadline deadl
       device_.breakWith(TimeoutError(str("collx rank ", device_.rank_, ": Timed out waiting for ", what())), true);
     }
     if (round % 256 == 0) checkPeers(ready);
-    if (now < spinUntil) {
-      device_.spinPause(now - spinStart);
-      continue;
-    }
+    if (now < spinUntil && !device_.spinPause(now - spinStart)) continue;
     // Sleep on this rank's bell; a peer that publishes rings it (publish()).
     me.sleeping.store(1, std::memory_order_seq_cst);
     const uint32_t bell = me.bell.load(std::memory_order_seq_cst);
