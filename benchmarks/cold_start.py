@@ -8,14 +8,18 @@ twice against it. In each run, one collx group (auto, as users make it) does:
           ranks' skew after creation and the process's first call, not a size's;
   cold    at each size in turn, the first --ops all-reduces (dist.all_reduce),
           timed as a whole: what a short job or a user's benchmark pays;
+          then as many on each of the forced groups (one per algorithm,
+          torchcollx.Options(algorithm=...), set up with the auto group);
   settle  more ops of each size until auto stops refining (or --settle-s);
   warm    interleaved rounds of --ops ops each (fewer at large sizes): the
-          auto group, and one group per forced algorithm, made after the
-          cold ops (torchcollx.Options(algorithm=...)).
+          auto group and the forced ones.
 
 The table gives, per size and run, the medians over repeats of the cold
-mean per op over the warm one (target: the second run <= 1.1) and of the
-cold mean over the best forced algorithm's warm time (target <= 1.10).
+mean per op over the warm one (target: the second run <= 1.1), of the
+cold mean over the best forced algorithm's warm time, and over its cold
+time (target <= 1.10): right after auto's cold ops of a size, each forced
+group runs as many ops of that size, in the same phase of the job, so that
+the job's own warming up (the machine's, the process's) weighs on both.
 Times are per op, the max over ranks.
 
 This machine's speed comes in modes that a job can enter and leave at any
@@ -53,9 +57,14 @@ def worker(args):
     bufs = {b: torch.ones(b // 4) for b in sizes}
     ts = run_ops(group, torch.ones(1), 1)
     group_first_us = agreed_max((ts[1] - ts[0]) * 1e6)
+    forced = ["ring", "tree", "star", "direct"] + (["shm"] if "shared memory" in backend.transport else [])
+    groups = {"auto": group, **{a: dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=a))
+                                for a in forced}}
     rows = []
     tiny = torch.ones(1)
-    for b in sizes:  # cold: the first ops of each size
+    for g in groups.values():  # every group set up before any size's cold ops
+        run_ops(g, tiny, 20)
+    for b in sizes:  # cold: the first ops of each size, auto's, then each forced algorithm's
         before = torchcollx.get_stats(group)["algorithms"]
         # The ranks leave gloo's agreement and get_stats up to hundreds of us
         # apart. Two small all-reduces on a group of their own line them up
@@ -66,9 +75,15 @@ def worker(args):
             dist.all_reduce(tiny, group=line)
         ts = run_ops(group, bufs[b], args.ops)
         gained = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
-        rows.append({"bytes": b, "cold_us": agreed_max((ts[-1] - ts[0]) / args.ops * 1e6),
-                     "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
-                     "cold_ops": {k: v for k, v in gained.items() if k.startswith("all_reduce/")}})
+        row = {"bytes": b, "cold_us": agreed_max((ts[-1] - ts[0]) / args.ops * 1e6),
+               "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
+               "cold_ops": {k: v for k, v in gained.items() if k.startswith("all_reduce/")}, "forced_cold_us": {}}
+        for a in forced:
+            for _ in range(2):
+                dist.all_reduce(tiny, group=line)
+            ts = run_ops(groups[a], bufs[b], args.ops)
+            row["forced_cold_us"][a] = agreed_max((ts[-1] - ts[0]) / args.ops * 1e6)
+        rows.append(row)
     for row in rows:  # settle: every rank stops at the same op, by the agreed flags
         b, start = row["bytes"], time.perf_counter()
         while True:
@@ -78,9 +93,6 @@ def worker(args):
                 row["settled"] = not still
                 break
         row["trial_excess_ops"] = trial_excess(row["cold_ops"], backend.choose_allreduce(b))
-    forced = ["ring", "tree", "star", "direct"] + (["shm"] if "shared memory" in backend.transport else [])
-    groups = {"auto": group, **{a: dist.new_group(backend="collx", pg_options=torchcollx.Options(algorithm=a))
-                                for a in forced}}
     for row in rows:
         b = row["bytes"]
         k = max(10, min(args.ops, int(0.15e6 / row["cold_us"])))
@@ -134,19 +146,24 @@ def main():
     last = runs["second"][-1]["tuning"]
     print(f"n={args.ranks}, float32 SUM; first {args.ops} ops per size, cold; medians over {args.repeats} repeats; "
           "us per op, max over ranks")
-    print("| run | bytes | cold mean | first op | warm auto | best forced (warm) | cold/warm | cold/best | "
-          "warm/best | trial excess (ops) | x | settled |")
-    print("|---" * 12 + "|")
+    print("| run | bytes | cold mean | first op | warm auto | best forced (warm) | best forced (cold) | cold/warm | "
+          "cold/best | cold/best cold | warm/best | trial excess (ops) | x | settled |")
+    print("|---" * 14 + "|")
     for label, reps in runs.items():
         for j, row in enumerate(reps[0]["rows"]):
             def med(f):
                 return statistics.median(f(r["rows"][j]) for r in reps)
             best = med(lambda r: min(r["forced_us"].values()))
             names = sorted({min(r["rows"][j]["forced_us"], key=r["rows"][j]["forced_us"].get) for r in reps})
+            best_cold = med(lambda r: min(r["forced_cold_us"].values()))
+            cold_names = sorted({min(r["rows"][j]["forced_cold_us"], key=r["rows"][j]["forced_cold_us"].get)
+                                 for r in reps})
             print(f"| {label} | {row['bytes']} | {med(lambda r: r['cold_us']):.1f} | "
                   f"{med(lambda r: r['first_op_us']):.1f} | {med(lambda r: r['warm_us']):.1f} | "
-                  f"{best:.1f} ({'/'.join(names)}) | {med(lambda r: r['cold_us'] / r['warm_us']):.2f} | "
+                  f"{best:.1f} ({'/'.join(names)}) | {best_cold:.1f} ({'/'.join(cold_names)}) | "
+                  f"{med(lambda r: r['cold_us'] / r['warm_us']):.2f} | "
                   f"{med(lambda r: r['cold_us'] / min(r['forced_us'].values())):.2f} | "
+                  f"{med(lambda r: r['cold_us'] / min(r['forced_cold_us'].values())):.2f} | "
                   f"{med(lambda r: r['warm_us'] / min(r['forced_us'].values())):.2f} | "
                   f"{med(lambda r: r['trial_excess_ops']):.1f} | "
                   f"{med(lambda r: 1 + r['trial_excess_ops'] / args.ops):.3f} | "
