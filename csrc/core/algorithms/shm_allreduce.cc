@@ -23,9 +23,9 @@
 // folds the n windows in rank order, so that every rank computes the
 // bit-identical ((b0 + b1) + b2) + ..., as the direct all-reduce does.
 //
-// One from 4 MiB to 32 MiB / n, where every rank can read the others' memory
-// (ShmChunks::forEachInPlace), moves nothing through the windows; for each
-// chunk of it:
+// One from 4 MiB to 32 MiB / n, where the ranks read the others' memory in
+// place of copies (PeerReads::kCopies, ShmChunks::forEachInPlace), moves
+// nothing through the windows; for each chunk of it:
 //
 //     1. post the address of my chunk
 //     2. reduce my slice in my chunk from the same slice of every peer's
@@ -97,7 +97,8 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
     return;
   }
   const size_t bytes = count * es;
-  if (chunks.readsInPlace(PeerReads::kCopies) && bytes >= kReadInPlaceMinBytes && bytes * size_t(n) <= kReadInPlaceMaxBytesTimesRanks) {
+  if (chunks.readsInPlace(PeerReads::kCopies) && bytes >= kReadInPlaceMinBytes &&
+      bytes * size_t(n) <= kReadInPlaceMaxBytesTimesRanks) {
     return allreduceInPlace(chunks, c, out, count, fn);
   }
 
