@@ -254,7 +254,7 @@ void CollxBackend::tune() {
     policy.cacheKey = collx::str("collx tuning v1; host ", host, "; ", size_, " ranks on hosts ", layout,
                                  " interface '", config_.ifname, "' family ", config_.family, "; segment ",
                                  config_.segmentBytes, " B, tree arity ", config_.treeArity, "; ",
-                                 device_->transportNote());
+                                 device_->transportKey());
   }
   Collective c{*device_, OpKind::kCalibrate, DataType::kFloat32, 0, Clock::now() + timeout(), config_.segmentBytes,
                config_.treeArity, workspace_};

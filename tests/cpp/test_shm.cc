@@ -124,7 +124,12 @@ void testSetupNotes() {
   for (auto& d : byCost.devices) {
     CHECK(d->transportNote() == note, "every rank decides alike: ", d->transportNote(), " / ", note);
     CHECK(d->sharedWindows()->peerReads() == reads, note);
+    // The calibration cache's key leaves out what was measured, which may
+    // come out otherwise in the next run; it keeps whether the ranks may read.
+    CHECK(d->transportKey() == "shared memory with 2 local peer(s), 1024 KiB rings, may read in place",
+          d->transportKey());
   }
+  for (auto& d : noCma.devices) CHECK(d->transportKey() == d->transportNote(), d->transportKey());
   Group tcp(2, over(shm::Mode::kTcp));
   CHECK(tcp.devices[0]->transportNote().empty(), tcp.devices[0]->transportNote());
   // 32 MiB per rank for its inbound rings, two per local peer: 1 MiB each up to 17 local ranks.

@@ -92,6 +92,7 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
     throw;
   }
   transportNote_ = local.note;
+  transportKey_ = local.key;
   shmUnavailable_ = local.unavailable;
   if (std::all_of(local.windows.begin(), local.windows.end(), [](char* w) { return w != nullptr; })) {
     windows_ = std::make_unique<Windows>(*this, std::move(local.windows), std::move(local.segments),

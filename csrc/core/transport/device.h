@@ -61,6 +61,7 @@ class Device : public Transport {
   // What the shared-memory setup did, for the log; and whether some local
   // pair wanted it but fell back to TCP (worth a warning).
   const std::string& transportNote() const { return transportNote_; }
+  const std::string& transportKey() const { return transportKey_; }  // shm::LocalLinks::key
   bool shmUnavailable() const { return shmUnavailable_; }
   bool connectsOnUse() const override { return lazy_; }
   // The peers this rank holds a collectives connection (or rings) with.
@@ -141,7 +142,7 @@ class Device : public Transport {
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)
   int hostCount_ = 1;
   std::string address_;                       // published "host:port"
-  std::string transportNote_;
+  std::string transportNote_, transportKey_;
   bool shmUnavailable_ = false;
   std::unique_ptr<Windows> windows_;  // when every rank is here, on shared memory
   size_t pending_ = 0;

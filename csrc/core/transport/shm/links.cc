@@ -54,8 +54,7 @@ Ring ringAt(const Segment& s, int slot, int channel, size_t ring) {
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 
 // The setup line's words on reading in place, where every rank may. They
-// name the choice, not the measured cost, which moves from run to run: the
-// line keys the calibration cache.
+// name the choice, not the measured cost, which moves from run to run.
 std::string readNote(bool everyRankMayRead, PeerReads reads) {
   auto copies = [](double cost) {
     char s[16];
@@ -344,11 +343,12 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
 
   if (!failures.empty()) {
     result.unavailable = true;
-    result.note = str("shared memory unavailable (", failures, "); those pairs use TCP");
+    result.note = result.key = str("shared memory unavailable (", failures, "); those pairs use TCP");
     COLLX_CHECK(mode != Mode::kShm, "collx rank ", rank, ": COLLX_TRANSPORT=shm, but ", result.note);
   } else {
-    result.note = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings",
-                      readNote(allLocal && readAll, result.peerReads));
+    const std::string linkedNote = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings");
+    result.note = linkedNote + readNote(allLocal && readAll, result.peerReads);
+    result.key = linkedNote + (allLocal && readAll ? ", may read in place" : "");
   }
   return result;
 }

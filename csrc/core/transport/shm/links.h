@@ -84,6 +84,11 @@ struct LocalLinks {
   std::vector<pid_t> pids;
   PeerReads peerReads = PeerReads::kNone;
   std::string note;  // one line on what was set up or why not, for the log
+  // The note less what the ranks measured (which collectives read in place):
+  // what the calibration cache is keyed by, the same from run to run where a
+  // read's cost lies near a threshold (the tuning's saved choices are
+  // checked before they are kept anyway).
+  std::string key;
   bool unavailable = false;  // some local pair could not use shared memory
 };
 
