@@ -64,8 +64,8 @@ def worker(args):
     tiny = torch.ones(1)
     for g in groups.values():  # every group set up before any size's cold ops
         run_ops(g, tiny, 20)
-    for b in sizes:  # cold: the first ops of each size, auto's, then each forced algorithm's
-        before = torchcollx.get_stats(group)["algorithms"]
+
+    def cold(g, b):
         # The ranks leave gloo's agreement and get_stats up to hundreds of us
         # apart. Two small all-reduces on a group of their own line them up
         # (a broadcast would not: its root does not wait), so that the size's
@@ -73,16 +73,18 @@ def worker(args):
         # group's stats hold the size's ops only.
         for _ in range(2):
             dist.all_reduce(tiny, group=line)
-        ts = run_ops(group, bufs[b], args.ops)
+        return run_ops(g, bufs[b], args.ops)
+
+    def mean_us(ts):
+        return agreed_max((ts[-1] - ts[0]) / args.ops * 1e6)
+
+    for b in sizes:  # cold: the first ops of each size, auto's, then each forced algorithm's
+        before = torchcollx.get_stats(group)["algorithms"]
+        ts = cold(group, b)
         gained = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
-        row = {"bytes": b, "cold_us": agreed_max((ts[-1] - ts[0]) / args.ops * 1e6),
-               "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
-               "cold_ops": {k: v for k, v in gained.items() if k.startswith("all_reduce/")}, "forced_cold_us": {}}
-        for a in forced:
-            for _ in range(2):
-                dist.all_reduce(tiny, group=line)
-            ts = run_ops(groups[a], bufs[b], args.ops)
-            row["forced_cold_us"][a] = agreed_max((ts[-1] - ts[0]) / args.ops * 1e6)
+        row = {"bytes": b, "cold_us": mean_us(ts), "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
+               "cold_ops": {k: v for k, v in gained.items() if k.startswith("all_reduce/")},
+               "forced_cold_us": {a: mean_us(cold(groups[a], b)) for a in forced}}
         rows.append(row)
     for row in rows:  # settle: every rank stops at the same op, by the agreed flags
         b, start = row["bytes"], time.perf_counter()

@@ -103,12 +103,14 @@ void testSetupNotes() {
     CHECK(d->transportNote().find("shared memory with 2 local peer(s), 1024 KiB rings") == 0, d->transportNote());
     CHECK(!d->shmUnavailable(), "shm available");
     CHECK(d->transportNote().find("cross-memory attach") != std::string::npos, d->transportNote());
-    CHECK(d->sharedWindows()->peerReads() == PeerReads::kAll, "the ranks (threads of one process) can read each other");
+    CHECK(d->sharedWindows()->peerReads() == PeerReads::kAll,
+          "the ranks (threads of one process) can read each other");
   }
   Group noCma(2, over(shm::Mode::kShm, false));
   for (auto& d : noCma.devices) {
     CHECK(d->transportNote().find("cross-memory attach") == std::string::npos, d->transportNote());
-    CHECK(d->sharedWindows() && d->sharedWindows()->peerReads() == PeerReads::kNone, "COLLX_SHM_CMA=0 turns it off");
+    CHECK(d->sharedWindows() && d->sharedWindows()->peerReads() == PeerReads::kNone,
+          "COLLX_SHM_CMA=0 turns it off");
   }
   // By default the ranks read in place only what a read, as they measure it
   // at setup, pays for; all decide on the dearest.
