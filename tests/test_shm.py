@@ -7,8 +7,9 @@ Here: the choice itself, a peer that cannot be attached (the pair falls back
 to TCP with one warning, or init fails clearly under transport=shm), nothing
 left in /dev/shm, no descriptor, mapping or thread leaked over 50 groups, and
 reduce_scatter, all_gather and broadcast in shared memory against TCP, with
-and without cross-memory attach (COLLX_SHM_CMA), and a rank whose policy
-refuses it (every rank then does without).
+and without cross-memory attach (COLLX_SHM_CMA), a rank whose policy
+refuses it (every rank then does without), and ranks that start stacked on
+one core parting within a few ops.
 """
 from __future__ import annotations
 
@@ -260,3 +261,33 @@ def test_a_rank_refused_cross_memory_attach_makes_every_rank_do_without():
         assert "cross-memory attach" not in note, f"rank {rank}: {note}"
         assert right, f"rank {rank}: all_gather through the windows gave wrong values"
         assert labels == {"all_gather/shm": 1}, labels
+
+
+def _stacked_then_free(rank, ws, ops):
+    """Both ranks start on one core, free to run on any, as processes launched
+    together often do: the core each op ended on, and whether the mask ends as
+    it began."""
+    sched_getcpu = ctypes.CDLL(None).sched_getcpu
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mask)})
+    x = torch.ones(1024)
+    dist.all_reduce(x)  # both on that core
+    os.sched_setaffinity(0, mask)
+    cores = []
+    for i in range(ops):
+        x.fill_(float(rank + i))
+        dist.all_reduce(x)
+        assert x[0].item() == x[-1].item() == 2 * i + 1, (i, x[0].item())
+        cores.append(sched_getcpu())
+    return cores, os.sched_getaffinity(0) == mask
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_ranks_started_on_one_core_part_within_a_few_ops():
+    ops = 300
+    (a, kept_a), (b, kept_b) = run_ranks(_stacked_then_free, 2, timeout=90, env=TABLE, args=(ops,))
+    assert kept_a and kept_b, "a rank's affinity mask changed"
+    apart = ops  # the first op from which the two ran on different cores
+    while apart > 0 and a[apart - 1] != b[apart - 1]:
+        apart -= 1
+    assert apart <= 20, f"the ranks shared a core until op {apart} of {ops}: {a[:40]} {b[:40]}"

@@ -432,7 +432,54 @@ void testStackedOnOneCore() {
         CHECK(buf[i] == int32_t(2 * seq + 1), "#", seq, " rank ", r, " element ", i, ": ", buf[i]);
       }
     }
+    CHECK(sched_getcpu() == core, "rank ", r, " left the core it was pinned to");
   });
+  for (const auto& d : g.devices) CHECK(d->coreMoves() == 0, "a pinned thread was moved");
+}
+
+// Two ranks that start stacked on one core, free to run anywhere, as
+// processes launched together often do: every op's values come out right,
+// and where a wait moved a rank (Windows::unstack) its mask ends as it
+// began. Whether they part depends on the machine's other load (ctest runs
+// tests side by side); tests/test_shm.py checks that on an idle machine.
+void testStackedThenFree() {
+  const int n = 2;
+  cpu_set_t all;
+  CHECK(sched_getaffinity(0, sizeof all, &all) == 0, "sched_getaffinity");
+  if (CPU_COUNT(&all) < 2) {
+    std::printf("stacked then free: skipped, one core\n");
+    return;
+  }
+  Group g(n, over(shm::Mode::kShm));
+  const int core = sched_getcpu();
+  constexpr int kOps = 400;
+  std::vector<int> cpus[n];
+  test::runRanks(n, [&](int r) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(core, &one);
+    CHECK(pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0, "pin rank ", r);
+    CHECK(pthread_setaffinity_np(pthread_self(), sizeof all, &all) == 0, "free rank ", r);
+    Workspace ws;
+    const ReduceFn sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
+    std::vector<int32_t> buf(1024);
+    for (uint64_t seq = 1; seq <= kOps; ++seq) {
+      std::fill(buf.begin(), buf.end(), int32_t(seq + r));
+      Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(20),
+                   1 << 16, 2, ws};
+      g.devices[r]->noteProgress(seq, OpKind::kAllreduce, false);
+      shmAllreduce(c, buf.data(), buf.size(), sum);
+      CHECK(buf[0] == int32_t(2 * seq + 1) && buf.back() == buf[0], "#", seq, " rank ", r, ": ", buf[0]);
+      cpus[r].push_back(sched_getcpu());
+    }
+    cpu_set_t now;
+    CHECK(pthread_getaffinity_np(pthread_self(), sizeof now, &now) == 0 && CPU_EQUAL(&now, &all),
+          "rank ", r, "'s mask changed");
+  });
+  int apart = kOps;  // the first op from which the two ran on different cores
+  while (apart > 0 && cpus[0][size_t(apart - 1)] != cpus[1][size_t(apart - 1)]) --apart;
+  std::printf("stacked then free: apart from op %d of %d, %llu move(s)\n", apart, kOps,
+              static_cast<unsigned long long>(g.devices[0]->coreMoves() + g.devices[1]->coreMoves()));
 }
 
 int main() {
@@ -446,6 +493,7 @@ int main() {
   testReduceScatterOrders();
   testCancelBeforeWindowsOp();
   testStackedOnOneCore();
+  testStackedThenFree();
   std::printf("shm windows: failures, mismatches, back to back, read in place, reduce-scatter orders, cancel, "
               "counters, stacked on one core ok\n");
   return 0;

@@ -1,6 +1,7 @@
 #include "device.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -143,7 +144,10 @@ bool Device::spinPause(Clock::duration spun) const {
   if (coreShared_.exchange(false, std::memory_order_relaxed)) return true;
   const auto before = Clock::now();
   std::this_thread::yield();
-  if (Clock::now() - before > kSharedCoreYield) coreShared_.store(true, std::memory_order_relaxed);
+  if (Clock::now() - before > kSharedCoreYield) {
+    coreShared_.store(true, std::memory_order_relaxed);
+    if (windows_) windows_->unstack();
+  }
   return false;
 }
 
@@ -409,6 +413,7 @@ void Device::noteProgress(uint64_t seq, OpKind kind, bool completed) {
   } else {
     me.startedKind.store(uint32_t(kind), std::memory_order_relaxed);
     me.started.store(seq, std::memory_order_relaxed);
+    windows_->noteCpu(::sched_getcpu());
   }
 }
 
@@ -418,6 +423,8 @@ std::optional<Device::Progress> Device::peerProgress(int r) const {
   return Progress{c.started.load(std::memory_order_relaxed), c.completed.load(std::memory_order_relaxed),
                   OpKind(c.startedKind.load(std::memory_order_relaxed))};
 }
+
+uint64_t Device::coreMoves() const { return windows_ ? windows_->moves() : 0; }
 
 std::vector<int> Device::missing(bool* ofAll) const {
   std::lock_guard<std::mutex> lock(progressMutex_);

@@ -108,6 +108,9 @@ class Device : public Transport {
   };
   void noteProgress(uint64_t seq, OpKind kind, bool completed);
   std::optional<Progress> peerProgress(int r) const;
+  // How often a wait moved this rank's thread off a core it shared with a
+  // local peer (Windows::unstack).
+  uint64_t coreMoves() const;
   // The peers whose data (or reading) the wait that broke the group waited
   // for; empty if it broke otherwise. `ofAll`: that wait was on every peer
   // (the shared windows'), so the others had sent. Thread-safe.

@@ -54,6 +54,10 @@ struct alignas(64) WindowControl {
   alignas(64) std::atomic<uint64_t> started;
   std::atomic<uint64_t> completed;
   std::atomic<uint32_t> startedKind;
+  // The core this rank's op thread last ran on, plus one (0: not known),
+  // noted as its ops start and where a wait found its core shared
+  // (Device::Windows::unstack).
+  std::atomic<int32_t> cpu;
 
   static uint64_t shapeOf(uint32_t kind, uint32_t dtype, uint32_t root) {
     return uint64_t(kind & 0xff) | uint64_t(dtype & 0xff) << 8 | uint64_t(root) << 32;

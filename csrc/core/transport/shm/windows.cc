@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -20,6 +21,9 @@ namespace {
 // A sleeper wakes at least this often to look at its peers' health.
 constexpr auto kSleepSlice = std::chrono::milliseconds(1);
 constexpr int kLooksPerClock = 8;
+// unstack() moves a thread at most this often: a move costs a migration,
+// and a scheduler that keeps stacking the ranks must not make it a loop.
+constexpr auto kMoveEvery = std::chrono::milliseconds(10);
 
 void futexWait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::nanoseconds timeout) {
   const timespec ts{time_t(timeout.count() / 1000000000), long(timeout.count() % 1000000000)};
@@ -45,6 +49,45 @@ void Device::Windows::publish() {
       c.bell.fetch_add(1, std::memory_order_seq_cst);
       futexWake(&c.bell);
     }
+  }
+}
+
+// Two ranks that wake each other can stay stacked on one core for tens of
+// milliseconds while another core idles: a wakeup places the sleeper beside
+// its waker, and the balancer is slow to part them. Stacked, a small op took
+// 5-10x its time (docs/measurements.md). Of two ranks on one core the higher
+// moves, to the first core of its mask that no peer last ran on; its mask is
+// narrowed to that core for the move and restored at once, so the user's
+// affinity stays as it was and the scheduler may move the thread later.
+void Device::Windows::unstack() {
+  const int cpu = ::sched_getcpu();
+  if (cpu < 0 || cpu >= CPU_SETSIZE) return;
+  noteCpu(cpu);
+  const Clock::time_point now = Clock::now();
+  if (now - lastMove_ < kMoveEvery) return;
+  bool stacked = false;
+  cpu_set_t taken;
+  CPU_ZERO(&taken);
+  CPU_SET(cpu, &taken);
+  for (int r = 0; r < device_.size_; ++r) {
+    const int c = control(r).cpu.load(std::memory_order_relaxed) - 1;
+    if (r == device_.rank_ || c < 0 || c >= CPU_SETSIZE) continue;
+    if (c == cpu && r < device_.rank_) stacked = true;
+    CPU_SET(c, &taken);
+  }
+  cpu_set_t allowed;
+  if (!stacked || ::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &allowed) || CPU_ISSET(c, &taken)) continue;
+    lastMove_ = now;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    if (::sched_setaffinity(0, sizeof one, &one) != 0) return;
+    ::sched_setaffinity(0, sizeof allowed, &allowed);
+    moves_.fetch_add(1, std::memory_order_relaxed);
+    noteCpu(::sched_getcpu());
+    return;
   }
 }
 

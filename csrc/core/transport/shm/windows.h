@@ -32,6 +32,14 @@ class Device::Windows : public SharedWindows {
   [[noreturn]] void fail(const std::string& why) override;
   void noteMissing(std::vector<int> ranks) override;
 
+  // After a yield found this thread's core shared (Device::spinPause): where
+  // a local peer of a lower rank last ran on this core and some core this
+  // thread may run on has no peer, moves this thread there.
+  void unstack();
+  // This rank's op thread runs on `cpu` now (the ops' start, for unstack()).
+  void noteCpu(int cpu) { control(device_.rank_).cpu.store(cpu + 1, std::memory_order_relaxed); }
+  uint64_t moves() const { return moves_.load(std::memory_order_relaxed); }
+
  private:
   static constexpr size_t kControlBytes = 4096;
   // Throws (breaking the device) if a peer closed its socket or sent an
@@ -45,6 +53,8 @@ class Device::Windows : public SharedWindows {
   PeerReads reads_;
   std::vector<pollfd> pollfds_;  // checkPeers()'s
   SharedCounters counters_;
+  Clock::time_point lastMove_{};  // unstack()'s, at most one per kMoveEvery
+  std::atomic<uint64_t> moves_{0};
 };
 
 }  // namespace collx::tcp
