@@ -495,6 +495,6 @@ int main() {
   testStackedOnOneCore();
   testStackedThenFree();
   std::printf("shm windows: failures, mismatches, back to back, read in place, reduce-scatter orders, cancel, "
-              "counters, stacked on one core ok\n");
+              "counters, stacked on one core, stacked then free ok\n");
   return 0;
 }
