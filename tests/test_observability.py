@@ -144,6 +144,18 @@ def test_flight_recorder_lists_collx_ops_with_their_states(ws):
             assert e["time_discovered_completed_ns"] is None and not e["retired"], e
 
 
+def _last_entry_frames(rank, ws):
+    dist.all_reduce(torch.ones(3))
+    return [e for e in _dump()["entries"] if e["profiling_name"] == "collx:all_reduce"][-1]["frames"]
+
+
+@pytest.mark.parametrize("value,stacks", [("1", True), ("true", True), ("0", False)])
+def test_fr_stack_variable_keeps_or_drops_the_callers_stack(value, stacks):
+    res = run_ranks(_last_entry_frames, 2, timeout=60, env={"TORCH_FR_BUFFER_SIZE": "10", "COLLX_FR_STACK": value})
+    for frames in res:
+        assert bool(frames) == stacks, (value, frames)
+
+
 def _held_back(rank, ws, victim, prefix):
     pids = [None] * ws
     dist.all_gather_object(pids, os.getpid())

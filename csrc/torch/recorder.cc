@@ -73,8 +73,8 @@ Recorder& Recorder::get() {
 }
 
 Recorder::Recorder()
-    : capacity_(size_t(std::max(0, c10d::getCvarInt({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)))) {
-}
+    : capacity_(size_t(std::max(0, c10d::getCvarInt({"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 2000)))),
+      stacks_(c10d::getCvarBool({"COLLX_FR_STACK"}, true)) {}
 
 void Recorder::noteGroup(size_t pgId, const PgName& name, std::vector<uint64_t> ranks,
                          std::shared_ptr<GroupStatus> status) {
@@ -89,9 +89,8 @@ std::optional<uint64_t> Recorder::record(size_t pgId, const PgName& pgName, uint
                                          const std::vector<at::Tensor>& outputs, std::chrono::milliseconds timeout,
                                          bool isP2P) {
   if (!enabled()) return std::nullopt;
-  static const bool stacks = std::getenv("COLLX_FR_STACK") == nullptr;
-  auto traceback = stacks ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/false)
-                          : nullptr;
+  auto traceback = stacks_ ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/false)
+                           : nullptr;
   thread_local const std::string threadName = c10::getThreadName();  // a system call: once per thread
   const int64_t now = c10::getTime();
   std::lock_guard<std::mutex> lock(mu_);
@@ -173,11 +172,15 @@ std::string Recorder::dump(bool includeCollectives, bool includeStackTraces, boo
   }
   if (!includeCollectives) return pickled(result);
 
+  // Entries recorded without a stack (COLLX_FR_STACK=0) have no traceback to
+  // symbolize: frames.tracebacks holds those of the others, in order.
   torch::SymbolizedTracebacks frames;
   std::vector<c10::IValue> allFrames;
   if (includeStackTraces) {
     std::vector<torch::CapturedTraceback*> tracebacks;
-    for (auto& e : entries) tracebacks.push_back(e.traceback.get());
+    for (auto& e : entries) {
+      if (e.traceback) tracebacks.push_back(e.traceback.get());
+    }
     frames = torch::symbolize(tracebacks);
     for (const auto& f : frames.all_frames) {
       auto d = newDict();
@@ -188,13 +191,18 @@ std::string Recorder::dump(bool includeCollectives, bool includeStackTraces, boo
     }
   }
   auto list = newList();
+  size_t traced = 0;  // entries with a traceback so far
   for (size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
+    const bool stacked = includeStackTraces && e.traceback;
+    if (stacked) ++traced;
     if (onlyActive && e.completed) continue;
     auto d = newDict();
     if (includeStackTraces) {
       auto stack = newList();
-      for (auto f : frames.tracebacks.at(i)) stack.push_back(allFrames.at(f));
+      if (stacked) {
+        for (auto f : frames.tracebacks.at(traced - 1)) stack.push_back(allFrames.at(f));
+      }
       d.insert("frames", stack);
     }
     std::ostringstream thread;

@@ -84,6 +84,7 @@ class Recorder {
   Entry* find(uint64_t id);  // under mu_
 
   const size_t capacity_;
+  const bool stacks_;  // COLLX_FR_STACK, read as torch reads its boolean variables (1/0, true/false, ...)
   std::mutex mu_;
   std::vector<Entry> entries_;  // entries_[id % capacity_]
   uint64_t nextId_ = 0;
