@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import time
 
 import pytest
 import torch
@@ -274,12 +275,13 @@ def _stacked_then_free(rank, ws, ops):
     dist.all_reduce(x)  # both on that core
     os.sched_setaffinity(0, mask)
     cores = []
+    start = time.monotonic()
     for i in range(ops):
         x.fill_(float(rank + i))
         dist.all_reduce(x)
         assert x[0].item() == x[-1].item() == 2 * i + 1, (i, x[0].item())
         cores.append(sched_getcpu())
-    return cores, os.sched_getaffinity(0) == mask
+    return cores, os.sched_getaffinity(0) == mask, torchcollx.get_stats()["core_moves"], time.monotonic() - start
 
 
 # A stack made this way often parts by itself within a few ops, where jobs
@@ -289,9 +291,30 @@ def _stacked_then_free(rank, ws, ops):
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_ranks_started_on_one_core_part_within_a_few_ops():
     ops = 300
-    (a, kept_a), (b, kept_b) = run_ranks(_stacked_then_free, 2, timeout=90, env=TABLE, args=(ops,))
+    (a, kept_a, moves_a, secs_a), (b, kept_b, moves_b, secs_b) = run_ranks(_stacked_then_free, 2, timeout=90,
+                                                                           env=TABLE, args=(ops,))
     assert kept_a and kept_b, "a rank's affinity mask changed"
+    # A thread moves at most once per 10 ms (the setup's ops before `start` included).
+    for moves, secs in ((moves_a, secs_a), (moves_b, secs_b)):
+        assert 0 <= moves <= 2 + secs * 100, (moves, secs)
     apart = ops  # the first op from which the two ran on different cores
     while apart > 0 and a[apart - 1] != b[apart - 1]:
         apart -= 1
     assert apart <= 20, f"the ranks shared a core until op {apart} of {ops}: {a[:40]} {b[:40]}"
+
+
+def _pinned_on_one_core(rank, ws, ops):
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    x = torch.ones(1024)
+    for i in range(ops):
+        x.fill_(float(rank + i))
+        dist.all_reduce(x)
+        assert x[0].item() == 2 * i + 1, (i, x[0].item())
+    return torchcollx.get_stats()["core_moves"], os.sched_getaffinity(0) == {core}
+
+
+def test_ranks_pinned_to_one_core_stay_there():
+    """The user's pinning holds: the waits that part stacked ranks never move a pinned one."""
+    for moves, still_pinned in run_ranks(_pinned_on_one_core, 2, timeout=90, env=TABLE, args=(200,)):
+        assert moves == 0 and still_pinned, (moves, still_pinned)

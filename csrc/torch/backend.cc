@@ -240,6 +240,7 @@ Stats CollxBackend::stats() const {
     s = stats_;
   }
   s.traffic = traffic();
+  if (const tcp::Device* d = published()) s.coreMoves = d->coreMoves();
   return s;
 }
 

@@ -63,6 +63,7 @@ struct Stats {
   uint64_t stagedOps = 0;         // ops on device tensors, run through host mirrors
   uint64_t deviceReductions = 0;  // reductions of those ops that ran on the device
   uint64_t inTensorReductions = 0;  // those of them that reduced into the user's tensor
+  uint64_t coreMoves = 0;  // times a wait moved this rank's thread off a core a local peer ran on
   std::map<std::string, OpStats> perAlgorithm;  // "all_reduce/ring", "broadcast/tree", ...
 };
 

@@ -160,6 +160,7 @@ py::dict statsOf(const CollxBackend& b) {
   out["staged_ops"] = s.stagedOps;
   out["device_reductions"] = s.deviceReductions;
   out["device_reductions_in_tensor"] = s.inTensorReductions;
+  out["core_moves"] = s.coreMoves;
   out["algorithms"] = algos;
   return out;
 }
