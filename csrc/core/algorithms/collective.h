@@ -2,8 +2,6 @@
 // collective, its deadline, and the tunables from Options.
 #pragma once
 
-#include <sys/mman.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -11,45 +9,9 @@
 #include <vector>
 
 #include "../transport/transport.h"
+#include "workspace.h"
 
 namespace collx {
-
-// Scratch memory kept across the collectives of a group (one runs at a
-// time), so a large op does not fault in fresh pages every call. From 2 MiB
-// it asks for transparent huge pages (where the kernel grants them on
-// madvise): the first op of a size faults in 2 MiB at a time, not 4 KiB,
-// and a page fault costs microseconds on a VM (docs/measurements.md,
-// "huge pages for the workspace"). Growing keeps the contents.
-class Workspace {
- public:
-  Workspace() = default;
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  ~Workspace() { std::free(data_); }
-
-  char* get(size_t bytes) {
-    if (bytes > size_) grow(bytes);
-    return data_;
-  }
-
- private:
-  static constexpr size_t kHugePage = size_t(2) << 20;
-
-  void grow(size_t bytes) {
-    const size_t align = bytes >= kHugePage ? kHugePage : 64;
-    const size_t size = (bytes + align - 1) / align * align;
-    void* p = nullptr;
-    if (posix_memalign(&p, align, size) != 0) throw std::bad_alloc();
-    if (align == kHugePage) madvise(p, size, MADV_HUGEPAGE);  // a hint; without it, 4 KiB pages
-    if (size_ > 0) std::memcpy(p, data_, size_);
-    std::free(data_);
-    data_ = static_cast<char*>(p);
-    size_ = size;
-  }
-
-  char* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 struct Tuning;
 class Refiner;
