@@ -233,3 +233,15 @@ def test_refined_choices_are_saved_for_the_next_run(tmp_path):
                     f"ed: {name}: {algorithm} ("), lines[0]
             else:  # a class with one candidate: nothing to try or save
                 assert f"{_size_name(s)}:" not in r["tuning"], r["tuning"]
+
+
+def test_trials_at_large_sizes_agree_with_more_ranks_than_cores(tmp_path):
+    """Four ranks on this host's cores, freshly calibrated, through auto's
+    trials at 4 and 16 MiB: every rank runs the same algorithm at every op
+    (a rank that chose on its own state, its workspace or its clock, would
+    meet a peer running another and fail as a mismatch) and gets the sum."""
+    env = {"XDG_CACHE_HOME": str(tmp_path), "COLLX_TUNING": None}
+    res = run_ranks(_settles, 4, timeout=240, env=env, args=([4 << 20, 16 << 20],))
+    assert all(r["ok"] for r in res), [r["ok"] for r in res]
+    kept = [[x for x in r["tuning"].split("; refin") if x.startswith("ed: ")] for r in res]
+    assert len(kept[0]) == 2 and all(k == kept[0] for k in kept), kept

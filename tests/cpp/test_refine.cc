@@ -9,12 +9,10 @@
 // rounds, judged by each candidate's lower median block; the shared-memory
 // windows are a candidate where auto takes them, and below them over shared
 // memory; the one-round shared-memory all-reduce is tried against direct
-// alone; a model far slower than the measured times is said stale, once; a
-// candidate whose workspace growth the trial cannot pay waits; and the real
-// all-reduce path stays correct through it. The checks after a trial
+// alone; a model far slower than the measured times is said stale, once; and
+// the real all-reduce path stays correct through it. The checks after a trial
 // and the second trials: test_refine_checks.cc.
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include "../../csrc/core/reduce/reduce.h"
@@ -427,55 +425,6 @@ void testAllreduceThroughTheRefiner(shm::Mode mode, size_t close) {
   for (size_t i = at - 1; i < ran[0].size(); ++i) CHECK(ran[0][i] == ran[0][at - 1], "settled op ", i);
 }
 
-// Direct's first op at 8 MiB grows the workspace by a slot per peer (16
-// MiB): more than a trial of ops predicted at 1.5 us can pay (154 us) at
-// any fault cost a machine has (this test's own growth measures it), so the class starts without it, and
-// with one candidate left runs ring alone. Where the workspace already holds
-// the slots, direct is tried as the model's close second.
-void testWorkspaceGrowthTheTrialCannotPayWaits() {
-  CHECK(Refiner::growthFits(0, 0, 0) && Refiner::growthFits(Workspace::kTimedBytes - 1, 0, 0),
-        "no growth, or a small one before any is measured, fits");
-  CHECK(!Refiner::growthFits(Workspace::kTimedBytes, 0, 1e9), "an unmeasured large growth waits");
-  CHECK(!Refiner::growthFits(16 << 20, 1.0, 16000) && Refiner::growthFits(16 << 20, 1.0, 17000),
-        "16 MiB at 1 ns a byte costs 16.8 ms");
-  constexpr size_t kBig = 8 << 20;
-  Tuning t = Tuning::table();
-  t.cost[size_t(Algorithm::kRing)] = {0.1, 1e7};
-  t.cost[size_t(Algorithm::kDirect)] = {0.1, 6e6};
-  t.cost[size_t(Algorithm::kTree)] = {1e6, 1.0};
-  t.cost[size_t(Algorithm::kStar)] = {1e6, 1.0};
-  const double ring = predictAllreduceUs(t, Algorithm::kRing, kRanks, 2, kBig);
-  const double direct = predictAllreduceUs(t, Algorithm::kDirect, kRanks, 2, kBig);
-  CHECK(chooseAllreduce(t, kRanks, 2, kBig) == Algorithm::kRing && direct <= Refiner::kCloseRatio * ring,
-        "ring the model's choice, direct close: ", ring, " and ", direct, " us");
-  const int block = blockAt(t, kBig);
-  {
-    Workspace ws;
-    std::memcpy(ws.get(6), "kept!", 6);
-    CHECK(std::strcmp(ws.get(Workspace::kTimedBytes), "kept!") == 0 && Workspace::faultNsPerByte() > 0,
-          "a growth keeps the contents and times its faults");
-  }
-  test::Group g(kRanks, test::over(shm::Mode::kTcp));
-  test::runRanks(kRanks, [&](int r) {
-    Workspace empty, grown;
-    grown.get(directAllreduceWorkspace(kRanks, kBig));
-    Refiner alone, both;
-    const Collective c = collective(*g.devices[r], t, empty), d = collective(*g.devices[r], t, grown);
-    for (int i = 0; i < 2 * block; ++i) {
-      CHECK(alone.choose(c, kBig, Algorithm::kRing) == Algorithm::kRing, "rank ", r, " op ", i);
-      alone.ran(1.0);
-    }
-    CHECK(!alone.trying(kBig, Algorithm::kRing), "rank ", r, ": a trial without direct");
-    int directs = 0;
-    for (int i = 0; i < trialOps(2, block, 1); ++i) {
-      directs += both.choose(d, kBig, Algorithm::kRing) == Algorithm::kDirect;
-      both.ran(1.0);
-    }
-    CHECK(directs == Refiner::probeFor(block) && both.trying(kBig, Algorithm::kRing), "rank ", r, ": ", directs,
-          " direct probes");
-  });
-}
-
 }  // namespace
 
 int main() {
@@ -489,7 +438,6 @@ int main() {
   testSharedWindowsAreACandidate();
   testOneRoundIsTriedAgainstDirect();
   testSharedWindowsJoinBelowTheirRule();
-  testWorkspaceGrowthTheTrialCannotPayWaits();
   testAllreduceThroughTheRefiner(shm::Mode::kTcp, kClose);
   // Over the rings, between the sizes auto gives the windows.
   testAllreduceThroughTheRefiner(shm::Mode::kShm, 16 << 10);

@@ -83,7 +83,7 @@ double Refiner::Block::typical() const {
   return sum / double(us.size());
 }
 
-Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choice, double sinceUs) {
+Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choice) {
   // The one-round all-reduce and direct alone where auto took the one round
   // (refine.h). Else the shared-memory windows where auto took them, then
   // the model's flat choice, then every other flat algorithm predicted
@@ -104,19 +104,11 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
   k.rounds = roundsFor(best * k.block);
   k.candidate[k.count++] = choice;
   if (!one) {
-    const double affordUs = kTrialBudget * (k.rounds * k.block * best + sinceUs);
-    auto growthOf = [&](Algorithm a) {  // ring, tree and star take a few segments
-      const size_t need = a == Algorithm::kDirect ? directAllreduceWorkspace(c.size(), bytes) : 0;
-      return need > c.workspace.size() ? need - c.workspace.size() : 0;
-    };
     std::vector<std::pair<double, Algorithm>> close;
     for (Algorithm a : kFlatAlgorithms) {
       const double us = predictAllreduceUs(t, a, c.size(), c.treeArity, bytes);
       const bool cheap = (us - best) * kMinRounds * k.block <= kCheapUs;
-      if (a != choice && (us <= kCloseRatio * best || cheap) &&
-          growthFits(growthOf(a), Workspace::faultNsPerByte(), affordUs)) {
-        close.emplace_back(us, a);
-      }
+      if (a != choice && (us <= kCloseRatio * best || cheap)) close.emplace_back(us, a);
     }
     std::sort(close.begin(), close.end());
     for (const auto& [us, a] : close) k.candidate[k.count++] = a;
@@ -127,11 +119,6 @@ Refiner::Class Refiner::fresh(const Collective& c, size_t bytes, Algorithm choic
   for (int i = 0; i < k.count; ++i) k.active[i] = i;
   k.activeCount = k.count;
   return k;
-}
-
-bool Refiner::growthFits(size_t growth, double nsPerByte, double affordUs) {
-  if (growth == 0) return true;
-  return nsPerByte > 0 ? double(growth) * nsPerByte / 1e3 <= affordUs : growth < Workspace::kTimedBytes;
 }
 
 int Refiner::roundOps(const Class& k) {
@@ -155,8 +142,7 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   if (k.count < 2) return choice;
   if (k.kept >= 0 && k.checkOps == 0) {
     if (++k.keptOps <= k.recheckOps) return k.candidate[k.kept];
-    // A new trial from the same choice; the ops since the last one widen its budget.
-    Class next = fresh(c, bytes, k.candidate[0], double(k.keptOps) * k.agreedUs[k.kept]);
+    Class next = fresh(c, bytes, k.candidate[0]);  // a new trial, among the same candidates
     if (k.doubted) {
       next.second = true;
       std::copy(std::begin(k.agreedUs), std::end(k.agreedUs), next.firstUs);

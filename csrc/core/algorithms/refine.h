@@ -6,8 +6,7 @@
 // Rule: per size class (the power of two at or below an op's bytes), the
 // candidates are auto's choice and every flat algorithm the model predicts
 // within kCloseRatio of it or cheap to try (at most kCheapUs more over two
-// blocks), whose first op's workspace growth the trial can pay (below). The
-// class then runs:
+// blocks). The class then runs:
 //
 //   trial    R rounds (roundsFor) of a block of B ops (blockFor) per
 //            candidate, the first 3B/8 ops of a block uncounted; in the
@@ -40,16 +39,6 @@
 // round; a far one is told apart by its probe: the budget keeps the first
 // and ends the second, so that a job pays for its trials at most about
 // kTrialBudget of its ops' time.
-//
-// A probe cannot end early, and direct's first op of a size grows the
-// workspace by a slot per peer: fresh memory, whose first touch costs 0.1 ns
-// a byte on a warm host and over 1 ns where the host backs it anew (42 ms
-// for 32 MiB on a VM, where the windows' op takes 2). A candidate whose growth,
-// at the highest fault cost per byte this process measured (Workspace),
-// exceeds kTrialBudget of the trial's time at the model's choice plus the
-// class's ops since its last trial waits for a later trial, where those ops
-// pay for it; with no cost measured yet, so does a growth of
-// Workspace::kTimedBytes or more.
 //
 // Every rank sees the group's ops in the same order and sizes and agrees
 // the times by all-reduce, so every rank keeps the same algorithm: none
@@ -135,9 +124,6 @@ class Refiner {
   // and before the second trial of a doubted one.
   static uint64_t recheckOpsFor(double us);
   static uint64_t confirmOpsFor(double us);
-  // Whether a candidate whose first op grows the workspace by `growth`
-  // bytes, at `nsPerByte` (0: not measured), fits a trial's `affordUs`.
-  static bool growthFits(size_t growth, double nsPerByte, double affordUs);
 
   // The settled classes, one line each: "<class bytes> <one|flat> <kept>
   // <doubted 0|1> <algorithm>=<agreed us> ...". With `previous` (an
@@ -206,9 +192,7 @@ class Refiner {
     bool doubted;
     std::vector<std::pair<Algorithm, double>> us;  // agreed times
   };
-  // `sinceUs`: the class's ops' time since its last trial, which widens the
-  // budget a candidate's workspace growth must fit.
-  static Class fresh(const Collective& c, size_t bytes, Algorithm choice, double sinceUs = 0);
+  static Class fresh(const Collective& c, size_t bytes, Algorithm choice);
   // The ops of the j-th active candidate in k's round, and of the round.
   static int blockOf(const Class& k, int j) { return k.round == 0 && j > 0 ? probeFor(k.block) : k.block; }
   static int roundOps(const Class& k);

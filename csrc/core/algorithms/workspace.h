@@ -4,11 +4,6 @@
 // madvise): the first op of a size faults in 2 MiB at a time, not 4 KiB,
 // and a page fault costs microseconds on a VM (docs/measurements.md,
 // "huge pages for the workspace"). Growing keeps the contents.
-//
-// A growth faults its pages in at once and times that: what a first op's
-// fresh memory costs on this machine (its first touch of memory the process
-// never had can cost 10x a later one's), which auto's trials weigh before
-// they try an algorithm that would grow the workspace (refine.h).
 #pragma once
 
 #include <cstddef>
@@ -26,12 +21,6 @@ class Workspace {
     if (bytes > size_) grow(bytes);
     return data_;
   }
-  size_t size() const { return size_; }
-
-  // The highest cost per byte, in ns, of faulting in a growth of at least
-  // kTimedBytes in this process; 0 before one.
-  static double faultNsPerByte();
-  static constexpr size_t kTimedBytes = size_t(1) << 20;
 
  private:
   void grow(size_t bytes);
