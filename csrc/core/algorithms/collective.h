@@ -3,10 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <new>
-#include <vector>
 
 #include "../transport/transport.h"
 #include "workspace.h"
