@@ -28,9 +28,6 @@ void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
-// The workspace direct takes for an all-reduce of `bytes`: a slot per peer.
-// Ring, tree and star take a few pipeline segments, whatever the size.
-inline size_t directAllreduceWorkspace(int n, size_t bytes) { return bytes * size_t(n > 1 ? n - 1 : 0); }
 void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 // Needs Transport::sharedWindows() (every rank on this host, on shared
 // memory); writes buf by copies after reducing in the windows, like hier.

@@ -82,7 +82,7 @@ void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) 
   const int n = c.size(), rank = c.rank();
   if (n == 1) return;
   const size_t bytes = count * elementSize(c.dtype);
-  char* slots = c.workspace.get(directAllreduceWorkspace(n, bytes));
+  char* slots = c.workspace.get(bytes * size_t(n - 1));  // a slot per peer
   auto slot = [&](int r) { return slots + size_t(r < rank ? r : r - 1) * bytes; };  // r != rank
   std::vector<Transfer> sends, recvs;
   for (int peer = 0; peer < n; ++peer) {
