@@ -226,6 +226,9 @@ void sweep(int n, shm::Mode transport) {
       testAllreduce(g, seq, algo, count, 512 << 10, 2);
       if (count <= 100003) testAllreduce(g, seq, algo, count, 4096, 3);  // deep pipelining
     }
+    if (count == counts[5]) {  // direct in pieces, the last one short
+      testAllreduce(g, seq, Algorithm::kDirect, 3 * (kDirectPieceBytes / sizeof(float)) + 5, 512 << 10, 2);
+    }
     testMaxInt64(g, seq, Algorithm::kRing, std::min<size_t>(count, 5000));
     testMaxInt64(g, seq, Algorithm::kTree, std::min<size_t>(count, 5000));
     for (int root = 0; root < n; ++root) testBroadcast(g, seq, std::min<size_t>(count, 30001), root, 1024, 2);

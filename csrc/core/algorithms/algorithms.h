@@ -28,6 +28,8 @@ void ringAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void treeAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void starAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
+// Direct's buffers over this size move in pieces of it, two in flight.
+constexpr size_t kDirectPieceBytes = 1 << 20;
 void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 // Needs Transport::sharedWindows() (every rank on this host, on shared
 // memory); writes buf by copies after reducing in the windows, like hier.

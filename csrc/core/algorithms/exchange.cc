@@ -74,28 +74,63 @@ void allgather(const Collective& c, void* out, size_t blockCount) {
 
 namespace collx {
 
-// Direct all-reduce: one step. Every rank sends its buffer to every other and
-// folds all n buffers in rank order, so each computes the bit-identical
-// ((b0 + b1) + b2) + ... The cheapest in latency, the dearest in bytes
-// (n-1 copies out and in): the choice for tiny messages.
+// Direct all-reduce: one step per piece. Every rank sends its buffer to
+// every other and folds all n buffers in rank order, so each computes the
+// bit-identical ((b0 + b1) + b2) + ... The cheapest in latency, the dearest
+// in bytes (n-1 copies out and in): the choice for tiny messages.
+//
+// A buffer over kDirectPieceBytes goes in pieces. Every send is posted at
+// once; the receives go two pieces ahead, into two slots of a piece per peer
+// rather than a whole buffer per peer (bounded memory, and slots that stay
+// in cache where a buffer of many MiB would not), so piece j+1 arrives while
+// piece j is folded:
+//
+//   post every piece's sends, and the receives of pieces 0 and 1
+//   for each piece j: wait for j's sends and receives; fold j; post the
+//   receives of piece j+2
 void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
   const int n = c.size(), rank = c.rank();
   if (n == 1) return;
-  const size_t bytes = count * elementSize(c.dtype);
-  char* slots = c.workspace.get(bytes * size_t(n - 1));  // a slot per peer
-  auto slot = [&](int r) { return slots + size_t(r < rank ? r : r - 1) * bytes; };  // r != rank
-  std::vector<Transfer> sends, recvs;
-  for (int peer = 0; peer < n; ++peer) {
-    if (peer == rank) continue;
-    sends.push_back({peer, buf, bytes, c.frame(0)});
-    recvs.push_back({peer, slot(peer), bytes, c.frame(0)});
+  const size_t es = elementSize(c.dtype);
+  const size_t pieceElems = std::max<size_t>(1, kDirectPieceBytes / es);
+  const size_t pieces = std::max<size_t>(1, (count + pieceElems - 1) / pieceElems);
+  const size_t slotBytes = std::min(count, pieceElems) * es;
+  const size_t sets = std::min<size_t>(pieces, 2), peers = size_t(n - 1);
+  char* const slots = c.workspace.get(slotBytes * peers * sets);
+  char* const data = static_cast<char*>(buf);
+  // Piece j's slot of peer r != rank.
+  auto slot = [&](size_t j, int r) { return slots + ((j % 2) * peers + size_t(r < rank ? r : r - 1)) * slotBytes; };
+  auto lengthOf = [&](size_t j) { return std::min(pieceElems, count - j * pieceElems); };
+  auto bytesOf = [&](size_t j) { return count == 0 ? 0 : lengthOf(j) * es; };
+  auto postRecvs = [&](size_t j) {
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer != rank) c.transport.postRecv(peer, c.frame(uint32_t(j)), slot(j, peer), bytesOf(j), j);
+    }
+  };
+  std::vector<size_t> left(pieces, 2 * peers);  // piece j's transfers not yet done
+  for (size_t j = 0; j < sets; ++j) postRecvs(j);
+  for (size_t j = 0; j < pieces; ++j) {
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer != rank) c.transport.postSend(peer, c.frame(uint32_t(j)), data + j * pieceElems * es, bytesOf(j), j);
+    }
   }
-  exchange(c, sends, recvs);
-  // Rank 0 folds into buf; the others into slot 0, copied to buf at the end,
-  // so buf is written only by fn until its last reduction (algorithms.h).
-  char* acc = rank == 0 ? static_cast<char*>(buf) : slot(0);
-  for (int r = 1; r < n; ++r) fn(acc, r == rank ? buf : slot(r), count);
-  if (rank != 0) std::memcpy(buf, acc, bytes);
+  std::vector<uint64_t> done;
+  for (size_t j = 0; j < pieces; ++j) {
+    while (left[j] > 0) {
+      done.clear();
+      c.transport.waitSome(done, c.deadline);
+      for (uint64_t piece : done) --left[piece];
+    }
+    // Rank 0 folds into buf; the others into peer 0's slot, copied to buf at
+    // the end, so buf is written only by fn until its last reduction
+    // (algorithms.h). Piece j's sends are done, so buf's piece may change.
+    const size_t len = count == 0 ? 0 : lengthOf(j);
+    char* const mine = data + j * pieceElems * es;
+    char* const acc = rank == 0 ? mine : slot(j, 0);
+    for (int r = 1; r < n; ++r) fn(acc, r == rank ? mine : slot(j, r), len);
+    if (rank != 0 && len > 0) std::memcpy(mine, acc, len * es);
+    if (j + 2 < pieces) postRecvs(j + 2);
+  }
 }
 
 }  // namespace collx
