@@ -4,6 +4,7 @@
 // algorithm and giving it the time the test says.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -40,14 +41,16 @@ inline Collective collective(tcp::Device& d, const Tuning& t, Workspace& ws, uin
 }
 
 // The ops of a trial among `candidates` over `rounds` rounds of `block`: the
-// first, a block of the first candidate and a probe of each other; the
+// first, a block of the first candidate and a probe of each other (at once
+// where there are two; firstRound places the probes after the second); the
 // others, a block of each of the `later` that stay (all, if 0).
 inline int trialOps(int candidates, int block, int rounds, int later = 0) {
   return block + (candidates - 1) * Refiner::probeFor(block) + (rounds - 1) * (later ? later : candidates) * block;
 }
 
 // Which candidate runs trial op i: an index of the candidates in the first
-// round, of the `later` ones after it (all, if 0).
+// round (of two, or of its block and the second's probe), of the `later`
+// ones after it (all, if 0).
 inline int inTurn(int i, int candidates, int block, int later = 0) {
   const int probe = Refiner::probeFor(block), first = block + (candidates - 1) * probe;
   if (i < first) return i < block ? 0 : 1 + (i - block) / probe;
@@ -82,20 +85,52 @@ inline int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorit
   return ops;
 }
 
+// The first round's ops among `order`, where an op of algorithm a takes
+// us(a) on every rank, in a class of `rounds` blocks of `block`: the first's
+// block, the second's probe at once, then each later probe after as many
+// ops of the fastest so far as put it within kProbeBudget (refine.h), unless
+// that takes over `rounds` blocks; `probed` gets how many were probed.
+inline std::vector<Algorithm> firstRound(const std::vector<Algorithm>& order, int block, int rounds,
+                                         const std::function<double(Algorithm)>& us, int* probed = nullptr) {
+  std::vector<Algorithm> ops;
+  double after = 0;  // the time of the ops after the first block
+  auto run = [&](Algorithm a, int n) {
+    for (int i = 0; i < n; ++i) ops.push_back(a), after += ops.size() > size_t(block) ? us(a) : 0;
+  };
+  const int probe = Refiner::probeFor(block);
+  size_t j = 0;
+  for (Algorithm lead = order[0]; j < order.size(); ++j) {
+    if (j >= 2) {
+      for (size_t i = 1; i < j; ++i) {
+        if (us(order[i]) < us(lead)) lead = order[i];
+      }
+      const double over = after / us(lead) - double(ops.size() - size_t(block));  // in ops of the fastest
+      const double m = (over + (Refiner::kProbeRatio - 1) * probe) / Refiner::kProbeBudget - double(ops.size()) - probe;
+      if (m > rounds * block) break;
+      if (m > 0) run(lead, int(std::ceil(m)));
+    }
+    run(order[j], j == 0 ? block : probe);
+  }
+  if (probed) *probed = int(j);
+  return ops;
+}
+
 // Runs the trial that the model's `choice` starts, checking that its ops
-// take `order` in turn, each op taking us(algorithm): the first round, then
-// `rounds` - 1 of the `later` ones (all, if empty). The caller's next op is
-// the check. Where the candidates are far apart, the trial runs one round
-// where the first is the fastest, and two where another is (the first
-// meets it again).
+// take `order` in turn, each op taking us(algorithm): the first round (as
+// firstRound places it), then `rounds` - 1 of the `later` ones (all, if
+// empty). The caller's next op is the check. Where the candidates are far
+// apart, the trial runs one round where the first is the fastest, and two
+// where another is (the first meets it again).
 inline void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
                            const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us,
                            int rounds = 1, const std::vector<Algorithm>& later = {}) {
-  const int candidates = int(order.size()), rest = int(later.size());
-  for (int i = 0; i < trialOps(candidates, block, rounds, rest); ++i) {
+  std::vector<Algorithm> ops = firstRound(order, block, roundsAt(c.costs(), bytes), us);
+  for (int round = 1; round < rounds; ++round) {
+    for (Algorithm a : later.empty() ? order : later) ops.insert(ops.end(), size_t(block), a);
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
     const Algorithm a = refiner.choose(c, bytes, choice);
-    const int at = inTurn(i, candidates, block, rest);
-    CHECK(a == (rest && i >= trialOps(candidates, block, 1) ? later : order)[size_t(at)], "trial op ", i, ": ", name(a));
+    CHECK(a == ops[i], "trial op ", i, ": ", name(a), ", not ", name(ops[i]));
     refiner.ran(us(a));
   }
 }

@@ -1,6 +1,7 @@
 #include "refine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -130,6 +131,7 @@ int Refiner::roundOps(const Class& k) {
 Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   pending_ = nullptr;
   trialOf_ = nullptr;
+  filling_ = false;
   if (c.size() < 2 || bytes == 0 || !refinable(choice)) return choice;
   const size_t cls = classOf(bytes);
   std::unique_lock<std::mutex> lock(mu_);
@@ -153,17 +155,18 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   std::string stale;
   for (;;) {  // a check may end in a trial (a saved choice that no longer holds)
     while (k.kept < 0) {
-      int run = k.roundRuns, j = 0;  // the run-th op of the j-th active candidate's block
-      while (j < k.activeCount && run >= blockOf(k, j)) run -= blockOf(k, j++);
-      if (j < k.activeCount) {
-        const int i = k.active[j];
+      int i = -1;
+      if (k.round == 0) {
+        i = firstRoundNext(c, k, lock);
+      } else if (k.roundRuns < roundOps(k)) {  // the run-th op of the j-th active candidate's block
+        const int j = k.roundRuns / k.block, run = k.roundRuns % k.block;
+        i = k.active[j];
+        if (run >= skipped(k.block)) pending_ = &k.trial[i][k.round];
+      }
+      if (i >= 0) {
         ++k.roundRuns;
         ++k.runs;
         trialOf_ = &k;
-        if (run >= skipped(blockOf(k, j))) {
-          pending_ = &k.trial[i][k.round];
-          pending_->probe = blockOf(k, j) < k.block;
-        }
         return k.candidate[i];
       }
       endRound(c, cls, k, lock, stale);
@@ -187,11 +190,71 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
   return run;
 }
 
+int Refiner::firstRoundNext(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    if (k.filler > 0) {  // the fastest so far, while the next probe waits
+      --k.filler;
+      ++k.fillerOps;
+      filling_ = true;
+      pending_ = &k.trial[k.lead][0];
+      pending_->probe = false;  // its probe and these ops are a block now
+      return k.lead;
+    }
+    if (k.probed < k.activeCount && k.probeRuns < blockOf(k, k.probed)) {
+      const int i = k.active[k.probed], ops = blockOf(k, k.probed);
+      if (k.probeRuns++ >= skipped(ops)) {
+        pending_ = &k.trial[i][0];
+        pending_->probe = ops < k.block;
+      }
+      return i;
+    }
+    k.probeRuns = 0;
+    if (++k.probed == 1) k.blockUs = k.spentUs;
+    if (k.probed >= k.activeCount) return -1;
+    if (k.probed < 2) continue;  // the second candidate's probe follows the first block at once
+    // Place the next probe after m ops of the fastest so far (f an op): the
+    // ops after the first block (auto's own choice, which an untried job runs
+    // too) take d over f each, and with the probe at kProbeRatio f they must
+    // come to at most kProbeBudget of the trial's ops at f:
+    //   d + (kProbeRatio - 1) P f <= b (runs + m + P) f.
+    double sums[kMax + 1] = {};
+    for (int j = 0; j < k.probed; ++j) sums[k.active[j]] = k.trial[k.active[j]][0].typical();
+    sums[k.count] = k.spentUs - k.blockUs;
+    agree(c, sums, k.count + 1, lock);
+    k.lead = k.active[0];  // ties: the model's order
+    for (int j = 1; j < k.probed; ++j) {
+      if (sums[k.active[j]] < sums[k.lead]) k.lead = k.active[j];
+    }
+    const double fastest = sums[k.lead] / c.size();
+    if (!(fastest > 0)) continue;
+    const int probe = blockOf(k, k.probed), after = k.runs - k.block;
+    const double d = sums[k.count] / c.size() - after * fastest;
+    const double m = (d / fastest + (kProbeRatio - 1) * probe) / kProbeBudget - k.runs - probe;
+    if (m > double(k.rounds * k.block)) {  // not within the trial's length: it ends with those probed
+      k.activeCount = k.probed;
+      return -1;
+    }
+    if (m > 0) {
+      k.filler = int(std::ceil(m)) - 1;
+      ++k.fillerOps;
+      filling_ = true;
+      return k.lead;  // the first op after a switch, uncounted
+    }
+  }
+}
+
+int Refiner::roundLeft(const Class& k) {
+  if (k.round > 0) return roundOps(k) - k.roundRuns;
+  int left = k.filler;
+  for (int j = k.probed; j < k.activeCount; ++j) left += blockOf(k, j) - (j == k.probed ? k.probeRuns : 0);
+  return left;
+}
+
 void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_lock<std::mutex>& lock,
                        std::string& stale) {
   double sums[kMax + 1] = {};  // each candidate's time, then the trial's
   for (int j = 0; j < k.activeCount; ++j) sums[k.active[j]] = lowerMedian(k.trial[k.active[j]], k.round + 1);
-  sums[k.count] = k.spentUs;
+  sums[k.count] = k.spentUs - k.fillerUs;  // the fillers pay for the probes only
   agree(c, sums, k.count + 1, lock);
   int best = k.active[0];  // ties: the model's order
   for (int j = 0; j < k.activeCount; ++j) {
@@ -205,7 +268,7 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
   std::copy(k.active, k.active + k.activeCount, byTime);
   std::stable_sort(byTime, byTime + k.activeCount, [&](int a, int b) { return k.agreedUs[a] < k.agreedUs[b]; });
   const double fastest = k.agreedUs[best];
-  double cost = sums[k.count] / c.size(), ops = k.runs;
+  double cost = sums[k.count] / c.size(), ops = k.runs - k.fillerOps;
   bool stays[kMax] = {};
   for (int j = 0; j < k.activeCount; ++j) {
     const int i = byTime[j];
@@ -306,8 +369,10 @@ void Refiner::ran(double us) {
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_) pending_->us.push_back(us);
   if (trialOf_) trialOf_->spentUs += us;
+  if (trialOf_ && filling_) trialOf_->fillerUs += us;
   pending_ = nullptr;
   trialOf_ = nullptr;
+  filling_ = false;
 }
 
 Algorithm Refiner::kept(size_t bytes, Algorithm choice) const {
@@ -343,7 +408,7 @@ uint64_t Refiner::confirmOpsFor(double us) { return opsWithin(kConfirmUs, us, kC
 std::string Refiner::describe(size_t bytes, const Class& k) {
   const std::string size = sizeName(bytes) + (oneRound(k.candidate[0], bytes) ? " in one round" : "");
   if (k.kept < 0) {
-    const int planned = k.runs - k.roundRuns + roundOps(k) + k.activeCount * k.block * (k.rounds - k.round - 1);
+    const int planned = k.runs + roundLeft(k) + k.activeCount * k.block * (k.rounds - k.round - 1);
     return str("refining: ", size, ": ", k.runs, " of ", planned, " ops");
   }
   if (k.checkOps > 0) {
@@ -351,6 +416,7 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
                k.checkOps, " ops");
   }
   auto timed = [&](int i) {
+    if (k.agreedUs[i] <= 0) return str(name(k.candidate[i]), " (not probed)");
     if (i == k.kept || k.checks[i] == 0) return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us)");
     return str(name(k.candidate[i]), " (", tenths(k.agreedUs[i]), " us sustained, ", tenths(k.trialUs[i]), " in the trial)");
   };

@@ -11,7 +11,13 @@
 //   trial    R rounds (roundsFor) of a block of B ops (blockFor) per
 //            candidate, the first 3B/8 ops of a block uncounted; in the
 //            first round the first candidate runs B ops and each other a
-//            probe of P (probeFor). After each round one all-reduce agrees
+//            probe of P (probeFor); a probe after the second waits until
+//            the ops after the first block, with it at kProbeRatio times
+//            the fastest so far, cost at most kProbeBudget of the trial's
+//            ops at the fastest's time, the fastest running meanwhile
+//            (agreed before each such probe; where the wait would outlast R
+//            blocks, the probes left are not run). Those fillers count for
+//            the probes' budget only. After each round one all-reduce agrees
 //            each candidate's lower median block time (Block::typical) and
 //            what the trial's ops took; fastest first, a candidate stays
 //            for the next round only while the trial, its next block
@@ -38,7 +44,10 @@
 // candidate needs the most rounds to be told apart and costs the least per
 // round; a far one is told apart by its probe: the budget keeps the first
 // and ends the second, so that a job pays for its trials at most about
-// kTrialBudget of its ops' time.
+// kTrialBudget of its ops' time. Probes cost most of a first trial and come
+// at its start, where a short job pays for them all: spread out by the
+// budget, they cost a job's first ops as much as its later ones, and the
+// rounds after them keep the other half of kTrialBudget.
 //
 // Every rank sees the group's ops in the same order and sizes and agrees
 // the times by all-reduce, so every rank keeps the same algorithm: none
@@ -85,6 +94,8 @@ class Refiner {
   static constexpr double kCloseRatio = 4.0;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its first two blocks' predicted cost over the best's
   static constexpr double kTrialBudget = 0.10;    // a trial's time over the fastest's for its ops, at most
+  static constexpr double kProbeBudget = 0.05;    // and up to a probe after the second
+  static constexpr double kProbeRatio = 2.0;      // what such a probe's op is taken to cost, over the fastest's
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
@@ -168,6 +179,13 @@ class Refiner {
     int round = 0;                 // of the trial
     int runs = 0;                  // trial ops so far
     int roundRuns = 0;             // and in this round
+    int probed = 0;                // in the first round: the position in active of the block or probe running
+    int probeRuns = 0;             // and its ops so far
+    double blockUs = 0;            // spentUs at the end of the first block
+    int fillerOps = 0;             // the ops of `lead` run while probes waited
+    double fillerUs = 0;           // and this rank's time of them
+    int filler = 0;                // ops of `lead` to run before that probe
+    int lead = 0;                  // the fastest candidate by the last agreement of the first round
     double spentUs = 0;            // this rank's time of the trial's ops (their agreements included)
     Block trial[kMax][kMaxRounds];  // this rank's counted times per candidate and round
     double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
@@ -196,6 +214,12 @@ class Refiner {
   // The ops of the j-th active candidate in k's round, and of the round.
   static int blockOf(const Class& k, int j) { return k.round == 0 && j > 0 ? probeFor(k.block) : k.block; }
   static int roundOps(const Class& k);
+  // The ops of k's round not run yet.
+  static int roundLeft(const Class& k);
+  // The candidate index of the first round's next op, counting it, or -1
+  // where the round is over; agrees (unlocking `lock`) before a probe after
+  // the second, to place it within kProbeBudget.
+  int firstRoundNext(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock);
   // Starts k (fresh) at the check of the seed's kept choice, where k has it among its candidates.
   static void apply(const Seed& s, Class& k);
   // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
@@ -212,6 +236,7 @@ class Refiner {
   std::map<std::pair<size_t, bool>, Seed> seeds_;     // saved choices, by the same key
   Block* pending_ = nullptr;  // where ran() puts the time of the running op
   Class* trialOf_ = nullptr;  // the class whose trial the running op belongs to
+  bool filling_ = false;      // the running op is one of the first round's fillers
   uint64_t agreements_ = 0;
   bool stale_ = false;
   Workspace scratch_;  // the agreement's, apart from the op's
