@@ -1,10 +1,11 @@
 // Auto's online refinement (refine.h), over real loopback TCP, the first
 // round's probes: after the first block and the second candidate's probe,
 // each probe waits until the trial can pay for it within kProbeBudget, the
-// fastest so far running meanwhile; a probe dearer than kProbeRatio pushes
-// the next one later; where the wait would outlast the trial, the probes
-// left are not run; and those ops of the fastest do not fund later rounds.
-// So a short job's first ops pay for the probes as its later ones do. The rest of the trials: test_refine.cc.
+// fastest so far running meanwhile (a probed one a block at a time); a probe
+// dearer than kProbeRatio pushes the next one later; where the wait would
+// outlast the trial, the probes left are not run; and those ops of the
+// fastest do not fund later rounds. So a short job's first ops pay for the
+// probes as its later ones do. The rest of the trials: test_refine.cc.
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -124,6 +125,28 @@ void testTheFastestFillsTheWait() {
   });
 }
 
+// A probe that flatters: the second's probe ops take 5 us (direct's 10), its
+// later ones 14. It leads for one block of fillers only: agreed again after
+// it, direct is the fastest and runs until the third's probe; direct is kept.
+void testAFlatteringProbeLeadsForOneBlock() {
+  const Tuning t = fourModel();
+  const int block = blockAt(t, kClose), probe = Refiner::probeFor(block);
+  onEveryRank(t, [&](int r, Ranked& k) {
+    Algorithm second = Algorithm::kAuto;
+    const std::vector<Op> ops = runTrial(k, [&](Algorithm a, int i) {
+      if (i == block) second = a;
+      return a == Algorithm::kDirect ? 10.0 : a != second ? 20.0 : i < block + probe ? 5.0 : 14.0;
+    });
+    const std::vector<size_t> starts = probeStarts(ops);
+    CHECK(starts.size() == 3, "rank ", r, ": ", starts.size(), " probes");
+    const size_t fill = size_t(block + probe);
+    for (size_t i = fill; i < fill + size_t(block); ++i) CHECK(ops[i].a == second, "rank ", r, ": op ", i, " of the lead");
+    for (size_t i = fill + size_t(block); i < starts[1]; ++i) CHECK(ops[i].a == Algorithm::kDirect, "rank ", r, ": op ", i);
+    CHECK(starts[1] > fill + size_t(block), "rank ", r, ": the third's probe at ", starts[1]);
+    runCheck(k.refiner, k.c, kClose, Algorithm::kDirect, 10.0);
+  });
+}
+
 // The second's probe is so dear (1000x direct) that paying it back within
 // kProbeBudget would take longer than the whole trial: the probes left are
 // not run, and the trial ends with the two it has.
@@ -168,6 +191,7 @@ void testFillersDoNotFundLaterRounds() {
 int main() {
   testProbesWaitForTheirBudget();
   testTheFastestFillsTheWait();
+  testAFlatteringProbeLeadsForOneBlock();
   testProbesLeftEndEarly();
   testFillersDoNotFundLaterRounds();
   std::printf("refine: probes within their budget ok\n");

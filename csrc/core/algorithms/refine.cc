@@ -196,51 +196,57 @@ int Refiner::firstRoundNext(const Collective& c, Class& k, std::unique_lock<std:
       --k.filler;
       ++k.fillerOps;
       filling_ = true;
-      pending_ = &k.trial[k.lead][0];
-      pending_->probe = false;  // its probe and these ops are a block now
-      return k.lead;
-    }
-    if (k.probed < k.activeCount && k.probeRuns < blockOf(k, k.probed)) {
-      const int i = k.active[k.probed], ops = blockOf(k, k.probed);
-      if (k.probeRuns++ >= skipped(ops)) {
-        pending_ = &k.trial[i][0];
-        pending_->probe = ops < k.block;
+      if (k.last == k.lead) {  // the first op after a switch goes uncounted
+        pending_ = &k.trial[k.lead][0];
+        pending_->probe = false;  // its probe and these ops are a block now
       }
-      return i;
+      return k.last = k.lead;
+    }
+    if (k.probed < k.activeCount) {
+      const int i = k.active[k.probed], ops = blockOf(k, k.probed);
+      if (k.probeRuns == 0 && k.probed >= 2 && !placed(c, k, lock)) {
+        if (k.filler > 0) continue;
+        k.activeCount = k.probed;  // not within the trial's length: it ends with those probed
+        return -1;
+      }
+      if (k.probeRuns < ops) {
+        if (k.probeRuns++ >= skipped(ops)) {
+          pending_ = &k.trial[i][0];
+          pending_->probe = ops < k.block;
+        }
+        return k.last = i;
+      }
     }
     k.probeRuns = 0;
-    if (++k.probed == 1) k.blockUs = k.spentUs;
+    if (++k.probed == 1) k.blockUs = k.spentUs;  // the second candidate's probe follows at once
     if (k.probed >= k.activeCount) return -1;
-    if (k.probed < 2) continue;  // the second candidate's probe follows the first block at once
-    // Place the next probe after m ops of the fastest so far (f an op): the
-    // ops after the first block (auto's own choice, which an untried job runs
-    // too) take d over f each, and with the probe at kProbeRatio f they must
-    // come to at most kProbeBudget of the trial's ops at f:
-    //   d + (kProbeRatio - 1) P f <= b (runs + m + P) f.
-    double sums[kMax + 1] = {};
-    for (int j = 0; j < k.probed; ++j) sums[k.active[j]] = k.trial[k.active[j]][0].typical();
-    sums[k.count] = k.spentUs - k.blockUs;
-    agree(c, sums, k.count + 1, lock);
-    k.lead = k.active[0];  // ties: the model's order
-    for (int j = 1; j < k.probed; ++j) {
-      if (sums[k.active[j]] < sums[k.lead]) k.lead = k.active[j];
-    }
-    const double fastest = sums[k.lead] / c.size();
-    if (!(fastest > 0)) continue;
-    const int probe = blockOf(k, k.probed), after = k.runs - k.block;
-    const double d = sums[k.count] / c.size() - after * fastest;
-    const double m = (d / fastest + (kProbeRatio - 1) * probe) / kProbeBudget - k.runs - probe;
-    if (m > double(k.rounds * k.block)) {  // not within the trial's length: it ends with those probed
-      k.activeCount = k.probed;
-      return -1;
-    }
-    if (m > 0) {
-      k.filler = int(std::ceil(m)) - 1;
-      ++k.fillerOps;
-      filling_ = true;
-      return k.lead;  // the first op after a switch, uncounted
-    }
   }
+}
+
+bool Refiner::placed(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock) {
+  // The probe goes after m ops of the fastest so far (f an op): the ops after
+  // the first block (auto's own choice, which an untried job runs too) take
+  // d over f each, and with the probe at kProbeRatio f they must come to at
+  // most kProbeBudget of the trial's ops at f:
+  //   d + (kProbeRatio - 1) P f <= b (runs + m + P) f.
+  // A probe's lower median may flatter it, so where a probed candidate leads
+  // it runs a block at a time, agreed again after each.
+  double sums[kMax + 1] = {};
+  for (int j = 0; j < k.probed; ++j) sums[k.active[j]] = k.trial[k.active[j]][0].typical();
+  sums[k.count] = k.spentUs - k.blockUs;
+  agree(c, sums, k.count + 1, lock);
+  k.lead = k.active[0];  // ties: the model's order
+  for (int j = 1; j < k.probed; ++j) {
+    if (sums[k.active[j]] < sums[k.lead]) k.lead = k.active[j];
+  }
+  const double fastest = sums[k.lead] / c.size();
+  if (!(fastest > 0)) return true;
+  const int probe = blockOf(k, k.probed), after = k.runs - k.block;
+  const double d = sums[k.count] / c.size() - after * fastest;
+  const double m = (d / fastest + (kProbeRatio - 1) * probe) / kProbeBudget - k.runs - probe;
+  if (m <= 0) return true;
+  if (m <= double(k.rounds * k.block)) k.filler = k.lead == k.active[0] ? int(std::ceil(m)) : std::min(int(std::ceil(m)), k.block);
+  return false;
 }
 
 int Refiner::roundLeft(const Class& k) {

@@ -15,7 +15,8 @@
 //            the ops after the first block, with it at kProbeRatio times
 //            the fastest so far, cost at most kProbeBudget of the trial's
 //            ops at the fastest's time, the fastest running meanwhile
-//            (agreed before each such probe; where the wait would outlast R
+//            (agreed before each such probe, and after each block of a
+//            probed candidate that leads; where the wait would outlast R
 //            blocks, the probes left are not run). Those fillers count for
 //            the probes' budget only. After each round one all-reduce agrees
 //            each candidate's lower median block time (Block::typical) and
@@ -186,6 +187,7 @@ class Refiner {
     double fillerUs = 0;           // and this rank's time of them
     int filler = 0;                // ops of `lead` to run before that probe
     int lead = 0;                  // the fastest candidate by the last agreement of the first round
+    int last = -1;                 // the candidate of the first round's last op
     double spentUs = 0;            // this rank's time of the trial's ops (their agreements included)
     Block trial[kMax][kMaxRounds];  // this rank's counted times per candidate and round
     double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
@@ -220,6 +222,9 @@ class Refiner {
   // where the round is over; agrees (unlocking `lock`) before a probe after
   // the second, to place it within kProbeBudget.
   int firstRoundNext(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock);
+  // Whether the probe at k.probed may run now; else k.filler gets the ops of
+  // k.lead to run first (none: the trial cannot pay for it).
+  bool placed(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock);
   // Starts k (fresh) at the check of the seed's kept choice, where k has it among its candidates.
   static void apply(const Seed& s, Class& k);
   // Ends a trial round (agrees, drops, maybe keeps) and a check (agrees,
