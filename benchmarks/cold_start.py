@@ -31,9 +31,12 @@ alone. What auto's trials cost is measured apart, within the cold ops:
 "trial excess" sums, over the cold ops of the algorithms the class did not
 keep, their time over the kept algorithm's mean in the same ops (rank 0's
 in-op times, from get_stats), in ops of the kept algorithm; "x" is the
-cold ops' time over what they would have taken at that mean.
+cold ops' time over what they would have taken at that mean. A job's x
+moves with the machine's spells, so each repeat's is listed too, and
+--first-only runs first runs alone, for more of them in the time.
 
     .venv/bin/python benchmarks/cold_start.py --ranks 2 --repeats 3
+    .venv/bin/python benchmarks/cold_start.py --ranks 2 --repeats 12 --first-only
 """
 import argparse
 import json
@@ -135,19 +138,20 @@ def main():
     p.add_argument("--settle-s", type=float, default=8.0, help="most seconds of ops per size to settle")
     p.add_argument("--rounds", type=int, default=5, help="interleaved warm rounds")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-only", action="store_true", help="run no second runs: only what the trials cost")
     p.add_argument("--json", help="(worker) where rank 0 writes its rows")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    runs = {"first": [], "second": []}
+    runs = {"first": []} if args.first_only else {"first": [], "second": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             cache = tempfile.mkdtemp(dir=tmp)
             for label in runs:
                 runs[label].append(run_job(args, cache, f"{tmp}/{label}{i}.json"))
             print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr)
-    last = runs["second"][-1]["tuning"]
+    last = list(runs.values())[-1][-1]["tuning"]
     print(f"n={args.ranks}, float32 SUM; first {args.ops} ops per size, cold; medians over {args.repeats} repeats; "
           "us per op, max over ranks")
     print("| run | bytes | cold mean | first op | warm auto | best forced (warm) | best forced (cold) | cold/warm | "
@@ -173,10 +177,13 @@ def main():
                   f"{med(lambda r: r['trial_excess_ops']):.1f} | "
                   f"{med(lambda r: 1 + r['trial_excess_ops'] / args.ops):.3f} | "
                   f"{sum(r['rows'][j].get('settled', False) for r in reps)}/{len(reps)} |")
+    for j, row in enumerate(runs["first"][0]["rows"]):
+        xs = sorted(1 + r["rows"][j]["trial_excess_ops"] / args.ops for r in runs["first"])
+        print(f"first run, {row['bytes']} B: x of each repeat " + ", ".join(f"{x:.3f}" for x in xs))
     for label, reps in runs.items():
         print(f"{label} run: the group's first 4-byte all-reduce took "
               f"{statistics.median(r['group_first_us'] for r in reps):.0f} us (median)")
-    print(f"\nsecond run's last tuning: {last}")
+    print(f"\n{list(runs)[-1]} run's last tuning: {last}")
 
 
 if __name__ == "__main__":

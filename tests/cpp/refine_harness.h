@@ -1,7 +1,7 @@
-// The harness of the refiner's tests (test_refine.cc, test_refine_checks.cc):
-// a model where direct and ring are close, one rank's refiner, and helpers
-// that run a trial, its checks and the kept ops, checking each op's
-// algorithm and giving it the time the test says.
+// The harness of the refiner's tests (test_refine.cc, test_refine_probes.cc,
+// test_refine_checks.cc): a model where direct and ring are close, one
+// rank's refiner, and helpers that run a trial, its checks and the kept ops,
+// checking each op's algorithm and giving it the time the test says.
 #pragma once
 
 #include <cmath>

@@ -87,16 +87,19 @@ void testProbesWaitForTheirBudget() {
       const size_t at = starts[j];
       const double room = Refiner::kProbeBudget * double(at + size_t(probe));
       const double due = excess(ops, size_t(block), at, 10.0) + (Refiner::kProbeRatio - 1) * probe;
-      CHECK(due <= room && due > room - Refiner::kProbeBudget * 1.0 - 1e-9, "rank ", r, ": probe ", j, " at op ", at,
+      CHECK(due <= room && due > room - Refiner::kProbeBudget - 1e-9, "rank ", r, ": probe ", j, " at op ", at,
             ": due ", due, ", room ", room);
-      for (size_t i = starts[j - 1] + size_t(probe); i < at; ++i) CHECK(ops[i].a == Algorithm::kDirect, "filler op ", i);
+      for (size_t i = starts[j - 1] + size_t(probe); i < at; ++i) {
+        CHECK(ops[i].a == Algorithm::kDirect, "filler op ", i);
+      }
     }
     CHECK(starts[1] > size_t(block + probe) && starts[2] > starts[1] + size_t(probe), "rank ", r, ": probes at ",
           starts[1], ", ", starts[2]);
     CHECK(excess(ops, 0, 100, 10.0) <= Refiner::kTrialBudget * 100, "rank ", r, ": the first 100 ops cost ",
           excess(ops, 0, 100, 10.0), " ops over direct's");
     CHECK(runCheck(k.refiner, k.c, kClose, Algorithm::kDirect, 10.0) > 0, "rank ", r);
-    CHECK(k.line.find("refined: 256 KiB: direct (10.0 us) over ") == 0 && k.line.find("not probed") == std::string::npos,
+    CHECK(k.line.find("refined: 256 KiB: direct (10.0 us) over ") == 0 &&
+              k.line.find("not probed") == std::string::npos,
           "rank ", r, ": ", k.line);
   });
 }
@@ -140,8 +143,9 @@ void testAFlatteringProbeLeadsForOneBlock() {
     const std::vector<size_t> starts = probeStarts(ops);
     CHECK(starts.size() == 3, "rank ", r, ": ", starts.size(), " probes");
     const size_t fill = size_t(block + probe);
-    for (size_t i = fill; i < fill + size_t(block); ++i) CHECK(ops[i].a == second, "rank ", r, ": op ", i, " of the lead");
-    for (size_t i = fill + size_t(block); i < starts[1]; ++i) CHECK(ops[i].a == Algorithm::kDirect, "rank ", r, ": op ", i);
+    for (size_t i = fill; i < starts[1]; ++i) {
+      CHECK(ops[i].a == (i < fill + size_t(block) ? second : Algorithm::kDirect), "rank ", r, ": op ", i);
+    }
     CHECK(starts[1] > fill + size_t(block), "rank ", r, ": the third's probe at ", starts[1]);
     runCheck(k.refiner, k.c, kClose, Algorithm::kDirect, 10.0);
   });
@@ -159,7 +163,8 @@ void testProbesLeftEndEarly() {
     CHECK(ops.size() == size_t(block + probe) && probeStarts(ops).size() == 1, "rank ", r, ": ", ops.size(),
           " trial ops");
     runCheck(k.refiner, k.c, kClose, Algorithm::kDirect, 10.0);
-    CHECK(k.line.find("refined: 256 KiB: direct (10.0 us) over ") == 0 && k.line.find("(not probed)") != std::string::npos,
+    CHECK(k.line.find("refined: 256 KiB: direct (10.0 us) over ") == 0 &&
+              k.line.find("(not probed)") != std::string::npos,
           "rank ", r, ": ", k.line);
   });
 }
@@ -182,7 +187,8 @@ void testFillersDoNotFundLaterRounds() {
       blocks += n > probe;
     }
     CHECK(blocks == 0, "rank ", r, ": ", blocks, " candidates ran a block after their probe");
-    CHECK(starts[2] + size_t(probe) == ops.size(), "rank ", r, ": ", ops.size() - starts[2], " ops after the last probe");
+    CHECK(starts[2] + size_t(probe) == ops.size(), "rank ", r, ": ", ops.size() - starts[2],
+          " ops after the last probe");
   });
 }
 

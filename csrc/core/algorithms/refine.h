@@ -95,8 +95,9 @@ class Refiner {
   static constexpr double kCloseRatio = 4.0;      // a candidate's predicted time / the best's
   static constexpr double kCheapUs = 8000;        // or its first two blocks' predicted cost over the best's
   static constexpr double kTrialBudget = 0.10;    // a trial's time over the fastest's for its ops, at most
-  static constexpr double kProbeBudget = 0.05;    // and up to a probe after the second
-  static constexpr double kProbeRatio = 2.0;      // what such a probe's op is taken to cost, over the fastest's
+  static constexpr double kProbeBudget = 0.05;    // the first round's ops after its first block, with a probe
+                                                  // after the second, over the fastest's, at most
+  static constexpr double kProbeRatio = 2.0;      // such a probe's op, taken as this many of the fastest's
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
@@ -182,12 +183,12 @@ class Refiner {
     int roundRuns = 0;             // and in this round
     int probed = 0;                // in the first round: the position in active of the block or probe running
     int probeRuns = 0;             // and its ops so far
-    double blockUs = 0;            // spentUs at the end of the first block
-    int fillerOps = 0;             // the ops of `lead` run while probes waited
-    double fillerUs = 0;           // and this rank's time of them
     int filler = 0;                // ops of `lead` to run before that probe
     int lead = 0;                  // the fastest candidate by the last agreement of the first round
     int last = -1;                 // the candidate of the first round's last op
+    double blockUs = 0;            // spentUs at the end of the first block
+    int fillerOps = 0;             // the ops of `lead` run while probes waited
+    double fillerUs = 0;           // and this rank's time of them
     double spentUs = 0;            // this rank's time of the trial's ops (their agreements included)
     Block trial[kMax][kMaxRounds];  // this rank's counted times per candidate and round
     double agreedUs[kMax] = {};    // the group's mean per op: from the trial, then its check
