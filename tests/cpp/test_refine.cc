@@ -216,12 +216,19 @@ void testVaryingOpsPayForTheirSlowOnes() {
 // The budget: direct takes 10 us; ring, 5% slower, costs a trial 2.5% a
 // round and stays for every round; ring 25% slower would take the trial
 // past kTrialBudget in its third round, so the trial ends after two. Either
-// trial costs at most kTrialBudget over direct's time for its ops.
+// trial costs at most kTrialBudget over direct's time for its ops. The first
+// block is not the trial's cost: where the first op of the size takes 1 ms
+// (as the first ops of a size do), ring 5% slower still stays for every round.
 void testTrialStaysWithinItsBudget() {
   const Tuning t = closeModel();
   const int block = blockAt(t, kClose), rounds = roundsAt(t, kClose);
-  for (const auto& [ringUs, trialRounds] : {std::pair{10.5, rounds}, std::pair{12.5, 2}}) {
-    onEveryRank(t, [&, ringUs = ringUs, trialRounds = trialRounds](int r, Ranked& k) {
+  struct Case {
+    double ringUs;
+    int trialRounds;
+    double firstUs;
+  };
+  for (const Case& x : {Case{10.5, rounds, 10.0}, Case{12.5, 2, 10.0}, Case{10.5, rounds, 1000.0}}) {
+    onEveryRank(t, [&, ringUs = x.ringUs, trialRounds = x.trialRounds, firstUs = x.firstUs](int r, Ranked& k) {
       auto& [ws, refiner, line, c] = k;
       double spent = 0;
       int ops = 0;
@@ -229,8 +236,9 @@ void testTrialStaysWithinItsBudget() {
         const Algorithm a = refiner.choose(c, kClose, Algorithm::kDirect);
         if (refiner.describe().find("checking") != std::string::npos) break;  // the trial's end
         CHECK(a == trialAlgorithm(ops, block), "rank ", r, " trial op ", ops, ": ", name(a));
-        refiner.ran(a == Algorithm::kDirect ? 10.0 : ringUs);
-        spent += a == Algorithm::kDirect ? 10.0 : ringUs;
+        const double us = a == Algorithm::kDirect ? (ops == 0 ? firstUs : 10.0) : ringUs;
+        refiner.ran(us);
+        spent += ops == 0 ? 10.0 : us;  // the first op's cold cost is not the trial's
       }
       CHECK(ops == trialOps(2, block, trialRounds), "rank ", r, ", ring at ", ringUs, " us: ", ops, " trial ops, not ",
             trialOps(2, block, trialRounds));
@@ -323,9 +331,11 @@ void testOneRoundIsTriedAgainstDirect() {
     auto& [ws, refiner, line, c] = k;
     // Below kSpellRatio times the model's time, so that no second trial follows.
     const double direct = 2.0 * predictAllreduceUs(t, Algorithm::kDirect, kRanks, 2, 1024);
-    auto us = [&](Algorithm a) { return a == Algorithm::kDirect ? direct : a == Algorithm::kShm ? 1.2 * direct : 0.1; };
+    auto us = [&](Algorithm a) { return a == Algorithm::kDirect ? direct : a == Algorithm::kShm ? 1.3 * direct : 0.1; };
     const int block = Refiner::blockFor(direct / 2);
-    for (int i = 0; i < trialOps(2, block, 2); ++i) {  // shm at 1.2x: far enough behind to end it after two rounds
+    // shm at 1.3x: far enough behind to end it after two rounds (at 1.2x, a
+    // round of both costs the 10% the budget allows).
+    for (int i = 0; i < trialOps(2, block, 2); ++i) {
       const Algorithm a = refiner.choose(c, 1024, Algorithm::kShm);
       CHECK(a == (inTurn(i, 2, block) == 0 ? Algorithm::kShm : Algorithm::kDirect), "rank ", r, " trial op ", i, ": ",
             name(a));
@@ -355,7 +365,8 @@ void testOneRoundIsTriedAgainstDirect() {
 
 // Over shared memory below 64 KiB, where auto takes the model's flat choice,
 // the windows are tried last and kept where they are the fastest; over TCP
-// they are no candidate.
+// they are no candidate. (Ring, 1.3x the windows, is too far behind for a
+// second block; at 1.2x it would have one.)
 void testSharedWindowsJoinBelowTheirRule() {
   constexpr size_t kSmall = 16 << 10;
   const Tuning t = closeModel(kSmall);
@@ -369,7 +380,7 @@ void testSharedWindowsJoinBelowTheirRule() {
       if (mode == shm::Mode::kShm) order.push_back(Algorithm::kShm);
       const Algorithm fastest = mode == shm::Mode::kShm ? Algorithm::kShm : Algorithm::kRing;
       runTrialInTurn(refiner, c, kSmall, Algorithm::kDirect, order, block,
-                     [](Algorithm a) { return a == Algorithm::kShm ? 10.0 : a == Algorithm::kRing ? 12.0 : 25.0; }, 2,
+                     [](Algorithm a) { return a == Algorithm::kShm ? 10.0 : a == Algorithm::kRing ? 13.0 : 25.0; }, 2,
                      {Algorithm::kDirect, fastest});
       runCheck(refiner, c, kSmall, fastest, 10.0);
       CHECK(refiner.kept(kSmall, Algorithm::kDirect) == fastest, "rank ", r, ": kept ",

@@ -260,7 +260,7 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
                        std::string& stale) {
   double sums[kMax + 1] = {};  // each candidate's time, then the trial's
   for (int j = 0; j < k.activeCount; ++j) sums[k.active[j]] = lowerMedian(k.trial[k.active[j]], k.round + 1);
-  sums[k.count] = k.spentUs - k.fillerUs;  // the fillers pay for the probes only
+  sums[k.count] = k.spentUs - k.blockUs - k.fillerUs;  // the fillers pay for the probes only
   agree(c, sums, k.count + 1, lock);
   int best = k.active[0];  // ties: the model's order
   for (int j = 0; j < k.activeCount; ++j) {
@@ -269,19 +269,22 @@ void Refiner::endRound(const Collective& c, size_t bytes, Class& k, std::unique_
     if (k.agreedUs[i] < k.agreedUs[best]) best = i;
   }
   // The budget: fastest first, each candidate's next block while the trial,
-  // with it, stays within kTrialBudget over the fastest's time for its ops.
+  // with it, costs at most kTrialBudget of its ops at the fastest's time
+  // over that time. Its cost is that of the ops after the first block (auto's
+  // own choice, the first ops of a size, which an untried job runs too) and
+  // not the fillers.
   int byTime[kMax];
   std::copy(k.active, k.active + k.activeCount, byTime);
   std::stable_sort(byTime, byTime + k.activeCount, [&](int a, int b) { return k.agreedUs[a] < k.agreedUs[b]; });
   const double fastest = k.agreedUs[best];
-  double cost = sums[k.count] / c.size(), ops = k.runs - k.fillerOps;
+  double ops = k.runs - k.fillerOps, over = sums[k.count] / c.size() - (ops - k.block) * fastest;
   bool stays[kMax] = {};
   for (int j = 0; j < k.activeCount; ++j) {
     const int i = byTime[j];
-    const double more = k.block * k.agreedUs[i];
-    if (i != best && cost + more > (1 + kTrialBudget) * (ops + k.block) * fastest) break;
+    const double more = k.block * (k.agreedUs[i] - fastest);
+    if (i != best && over + more > kTrialBudget * (ops + k.block) * fastest) break;
     stays[i] = true;
-    cost += more;
+    over += more;
     ops += k.block;
   }
   // A challenger faster after one round meets the first candidate (auto's
