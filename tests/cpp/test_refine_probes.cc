@@ -153,10 +153,22 @@ void testAFlatteringProbeLeadsForOneBlock() {
 
 // The second's probe is so dear (1000x direct) that paying it back within
 // kProbeBudget would take longer than the whole trial: the probes left are
-// not run, and the trial ends with the two it has.
+// not run, and the trial ends with the two it has. One preempted op of its
+// two (5 ms, the other 20 us) does not: the next probe comes where two ops
+// of 20 would put it.
 void testProbesLeftEndEarly() {
   const Tuning t = fourModel();
   const int block = blockAt(t, kClose), probe = Refiner::probeFor(block);
+  onEveryRank(t, [&](int r, Ranked& k) {
+    const std::vector<Op> ops = runTrial(k, [&](Algorithm a, int i) {
+      return a == Algorithm::kDirect ? 10.0 : i == block ? 5000.0 : 20.0;
+    });
+    const std::vector<size_t> starts = probeStarts(ops);
+    CHECK(starts.size() == 3, "rank ", r, ": ", starts.size(), " probes after a preempted one");
+    const double room = Refiner::kProbeBudget * double(starts[1] + size_t(probe));
+    const double due = 2 * (20.0 / 10 - 1) + (Refiner::kProbeRatio - 1) * probe;
+    CHECK(due <= room && due > room - Refiner::kProbeBudget - 1e-9, "rank ", r, ": the third's probe at ", starts[1]);
+  });
   onEveryRank(t, [&](int r, Ranked& k) {
     const std::vector<Op> ops =
         runTrial(k, [](Algorithm a, int) { return a == Algorithm::kDirect ? 10.0 : 10000.0; });

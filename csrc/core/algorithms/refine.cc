@@ -198,6 +198,7 @@ int Refiner::firstRoundNext(const Collective& c, Class& k, std::unique_lock<std:
         pending_ = &k.trial[k.lead][0];
         pending_->probe = false;  // its probe and these ops are a block now
       }
+      ++k.firstOps[k.lead];
       return k.last = k.lead;
     }
     if (k.probed < k.activeCount) {
@@ -212,35 +213,38 @@ int Refiner::firstRoundNext(const Collective& c, Class& k, std::unique_lock<std:
           pending_ = &k.trial[i][0];
           pending_->probe = ops < k.block;
         }
+        if (k.probed > 0) ++k.firstOps[i];
         return k.last = i;
       }
     }
     k.probeRuns = 0;
-    if (++k.probed == 1) k.blockUs = k.spentUs;  // the second candidate's probe follows at once
-    if (k.probed >= k.activeCount) return -1;
+    if (++k.probed == 1) k.blockUs = k.spentUs;
+    if (k.probed >= k.activeCount) return -1;  // the second candidate's probe follows the first block at once
   }
 }
 
 bool Refiner::placed(const Collective& c, Class& k, std::unique_lock<std::mutex>& lock) {
   // The probe goes after m ops of the fastest so far (f an op): the ops after
   // the first block (auto's own choice, which an untried job runs too) take
-  // d over f each, and with the probe at kProbeRatio f they must come to at
-  // most kProbeBudget of the trial's ops at f:
+  // d over f, each at its candidate's typical op, so that one preempted op
+  // of a probe does not hold back the next ones; with the probe at
+  // kProbeRatio f they must come to at most kProbeBudget of the trial's ops
+  // at f:
   //   d + (kProbeRatio - 1) P f <= b (runs + m + P) f.
   // A probe's lower median may flatter it, so where a probed candidate leads
   // it runs a block at a time, agreed again after each.
-  double sums[kMax + 1] = {};
+  double sums[kMax] = {};
   for (int j = 0; j < k.probed; ++j) sums[k.active[j]] = k.trial[k.active[j]][0].typical();
-  sums[k.count] = k.spentUs - k.blockUs;
-  agree(c, sums, k.count + 1, lock);
+  agree(c, sums, k.count, lock);
   k.lead = k.active[0];  // ties: the model's order
   for (int j = 1; j < k.probed; ++j) {
     if (sums[k.active[j]] < sums[k.lead]) k.lead = k.active[j];
   }
   const double fastest = sums[k.lead] / c.size();
   if (!(fastest > 0)) return true;
-  const int probe = blockOf(k, k.probed), after = k.runs - k.block;
-  const double d = sums[k.count] / c.size() - after * fastest;
+  const int probe = blockOf(k, k.probed);
+  double d = 0;
+  for (int j = 0; j < k.probed; ++j) d += k.firstOps[k.active[j]] * (sums[k.active[j]] / c.size() - fastest);
   const double m = (d / fastest + (kProbeRatio - 1) * probe) / kProbeBudget - k.runs - probe;
   if (m <= 0) return true;
   if (m <= double(k.rounds * k.block)) {

@@ -12,18 +12,19 @@
 //            candidate, the first 3B/8 ops of a block uncounted; in the
 //            first round the first candidate runs B ops and each other a
 //            probe of P (probeFor); a probe after the second waits until
-//            the ops after the first block, with it at kProbeRatio times
-//            the fastest so far, cost at most kProbeBudget of the trial's
-//            ops at the fastest's time, the fastest running meanwhile
-//            (agreed before each such probe, and after each block of a
-//            probed candidate that leads; where the wait would outlast R
-//            blocks, the probes left are not run). Those fillers count for
-//            the probes' budget only. After each round one all-reduce agrees
-//            each candidate's lower median block time (Block::typical) and
-//            what the trial's ops took; fastest first, a candidate stays
-//            for the next round only while the trial, its next block
-//            included, costs at most kTrialBudget over the fastest's time
-//            for as many ops; where the first round's fastest is not the
+//            the ops after the first block, each at its candidate's typical
+//            op and the probe at kProbeRatio times the fastest so far, cost
+//            at most kProbeBudget of the trial's ops at the fastest's time,
+//            the fastest running meanwhile (agreed before each such probe,
+//            and after each block of a probed candidate that leads; where
+//            the wait would outlast R blocks, the probes left are not run).
+//            After each round one all-reduce agrees each candidate's lower
+//            median block time (Block::typical) and what the trial's ops
+//            took, the first block (auto's own choice, the size's first
+//            ops) and those fillers left out; fastest first, a candidate
+//            stays for the next round only while those ops, its next block
+//            included, cost at most kTrialBudget of the trial's ops at the
+//            fastest's time over it; where the first round's fastest is not the
 //            first candidate, the first stays for one more round whatever it
 //            costs. The class keeps the fastest
 //   check    C ops (checkOpsFor) of the kept one; over kSwitchRatio times
@@ -186,6 +187,7 @@ class Refiner {
     int filler = 0;                // ops of `lead` to run before that probe
     int lead = 0;                  // the fastest candidate by the last agreement of the first round
     int last = -1;                 // the candidate of the first round's last op
+    int firstOps[kMax] = {};       // each candidate's ops in the first round after the first block
     double blockUs = 0;            // spentUs at the end of the first block
     int fillerOps = 0;             // the ops of `lead` run while probes waited
     double fillerUs = 0;           // and this rank's time of them
