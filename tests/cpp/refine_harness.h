@@ -86,11 +86,11 @@ inline int runCheck(Refiner& refiner, const Collective& c, size_t bytes, Algorit
 }
 
 // The first round's ops among `order`, where an op of algorithm a takes
-// us(a) on every rank, in a class of `rounds` blocks of `block`: the first's
-// block, the second's probe at once, then each later probe after as many
-// ops of the fastest so far as put it within kProbeBudget (refine.h), unless
-// that takes over `rounds` blocks; `probed` gets how many were probed.
-inline std::vector<Algorithm> firstRound(const std::vector<Algorithm>& order, int block, int rounds,
+// us(a) on every rank, in blocks of `block`: the first's block, the
+// second's probe at once, then each later probe after as many ops of the
+// fastest so far as put it within kProbeBudget (refine.h), unless that is
+// over kMaxWait; `probed` gets how many were probed.
+inline std::vector<Algorithm> firstRound(const std::vector<Algorithm>& order, int block,
                                          const std::function<double(Algorithm)>& us, int* probed = nullptr) {
   std::vector<Algorithm> ops;
   double after = 0;  // the time of the ops after the first block
@@ -106,7 +106,7 @@ inline std::vector<Algorithm> firstRound(const std::vector<Algorithm>& order, in
       }
       const double over = after / us(lead) - double(ops.size() - size_t(block));  // in ops of the fastest
       const double m = (over + (Refiner::kProbeRatio - 1) * probe) / Refiner::kProbeBudget - double(ops.size()) - probe;
-      if (m > rounds * block) break;
+      if (m > Refiner::kMaxWait) break;
       if (m > 0) run(lead, int(std::ceil(m)));
     }
     run(order[j], j == 0 ? block : probe);
@@ -124,7 +124,7 @@ inline std::vector<Algorithm> firstRound(const std::vector<Algorithm>& order, in
 inline void runTrialInTurn(Refiner& refiner, const Collective& c, size_t bytes, Algorithm choice,
                            const std::vector<Algorithm>& order, int block, const std::function<double(Algorithm)>& us,
                            int rounds = 1, const std::vector<Algorithm>& later = {}) {
-  std::vector<Algorithm> ops = firstRound(order, block, roundsAt(c.costs(), bytes), us);
+  std::vector<Algorithm> ops = firstRound(order, block, us);
   for (int round = 1; round < rounds; ++round) {
     for (Algorithm a : later.empty() ? order : later) ops.insert(ops.end(), size_t(block), a);
   }

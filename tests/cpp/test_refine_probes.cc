@@ -3,7 +3,7 @@
 // each probe waits until the trial can pay for it within kProbeBudget, the
 // fastest so far running meanwhile (a probed one a block at a time); a probe
 // dearer than kProbeRatio pushes the next one later; where the wait would
-// outlast the trial, the probes left are not run; and those ops of the
+// outlast kMaxWait ops, the probes left are not run; and those ops of the
 // fastest do not fund later rounds. So a short job's first ops pay for the
 // probes as its later ones do. The rest of the trials: test_refine.cc.
 #include <cstdio>
@@ -18,9 +18,9 @@ using namespace collx::test;
 namespace {
 
 // A model with direct first, then ring, star and tree predicted close: four
-// candidates at kClose.
-Tuning fourModel() {
-  Tuning t = closeModel();
+// candidates at `close` bytes.
+Tuning fourModel(size_t close = kClose) {
+  Tuning t = closeModel(close);
   t.cost[size_t(Algorithm::kStar)] = t.cost[size_t(Algorithm::kRing)];
   t.cost[size_t(Algorithm::kTree)] = t.cost[size_t(Algorithm::kRing)];
   return t;
@@ -31,12 +31,12 @@ struct Op {
   double us;
 };
 
-// Runs the trial at kClose on one rank until its check starts, op i of
+// Runs the trial at `bytes` on one rank until its check starts, op i of
 // algorithm a taking us(a, i); returns the ops.
-std::vector<Op> runTrial(Ranked& k, const std::function<double(Algorithm, int)>& us) {
+std::vector<Op> runTrial(Ranked& k, const std::function<double(Algorithm, int)>& us, size_t bytes = kClose) {
   std::vector<Op> ops;
   for (;;) {
-    const Algorithm a = k.refiner.choose(k.c, kClose, Algorithm::kDirect);
+    const Algorithm a = k.refiner.choose(k.c, bytes, Algorithm::kDirect);
     if (k.refiner.describe().find("checking") != std::string::npos) return ops;
     ops.push_back({a, us(a, int(ops.size()))});
     k.refiner.ran(ops.back().us);
@@ -152,7 +152,7 @@ void testAFlatteringProbeLeadsForOneBlock() {
 }
 
 // The second's probe is so dear (1000x direct) that paying it back within
-// kProbeBudget would take longer than the whole trial: the probes left are
+// kProbeBudget would take over kMaxWait ops: the probes left are
 // not run, and the trial ends with the two it has. One preempted op of its
 // two (5 ms, the other 20 us) does not: the next probe comes where two ops
 // of 20 would put it.
@@ -204,6 +204,20 @@ void testFillersDoNotFundLaterRounds() {
   });
 }
 
+// A class of slow ops (16 MiB, blocks of 4, two rounds, so R blocks are 8
+// ops) still probes every candidate: the wait is bounded in ops, not by the
+// class's trial.
+void testSlowClassesProbeEveryCandidate() {
+  constexpr size_t kBig = 16 << 20;
+  const Tuning t = fourModel(kBig);
+  CHECK(blockAt(t, kBig) * roundsAt(t, kBig) < 20, "R blocks of ", blockAt(t, kBig) * roundsAt(t, kBig), " ops");
+  onEveryRank(t, [&](int r, Ranked& k) {
+    const std::vector<Op> ops =
+        runTrial(k, [](Algorithm a, int) { return a == Algorithm::kDirect ? 20000.0 : 40000.0; }, kBig);
+    CHECK(probeStarts(ops).size() == 3, "rank ", r, ": ", probeStarts(ops).size(), " probes at 16 MiB");
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -212,6 +226,7 @@ int main() {
   testAFlatteringProbeLeadsForOneBlock();
   testProbesLeftEndEarly();
   testFillersDoNotFundLaterRounds();
+  testSlowClassesProbeEveryCandidate();
   std::printf("refine: probes within their budget ok\n");
   return 0;
 }

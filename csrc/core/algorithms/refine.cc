@@ -247,7 +247,7 @@ bool Refiner::placed(const Collective& c, Class& k, std::unique_lock<std::mutex>
   for (int j = 0; j < k.probed; ++j) d += k.firstOps[k.active[j]] * (sums[k.active[j]] / c.size() - fastest);
   const double m = (d / fastest + (kProbeRatio - 1) * probe) / kProbeBudget - k.runs - probe;
   if (m <= 0) return true;
-  if (m <= double(k.rounds * k.block)) {
+  if (m <= double(kMaxWait)) {
     k.filler = k.lead == k.active[0] ? int(std::ceil(m)) : std::min(int(std::ceil(m)), k.block);
   }
   return false;

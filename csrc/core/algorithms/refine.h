@@ -17,7 +17,8 @@
 //            at most kProbeBudget of the trial's ops at the fastest's time,
 //            the fastest running meanwhile (agreed before each such probe,
 //            and after each block of a probed candidate that leads; where
-//            the wait would outlast R blocks, the probes left are not run).
+//            the wait would outlast kMaxWait ops, the probes left are not
+//            run).
 //            After each round one all-reduce agrees each candidate's lower
 //            median block time (Block::typical) and what the trial's ops
 //            took, the first block (auto's own choice, the size's first
@@ -99,6 +100,7 @@ class Refiner {
   static constexpr double kProbeBudget = 0.05;    // the first round's ops after its first block, with a probe
                                                   // after the second, over the fastest's, at most
   static constexpr double kProbeRatio = 2.0;      // such a probe's op, taken as this many of the fastest's
+  static constexpr int kMaxWait = kMaxRounds * kMaxBlock;  // ops such a probe may wait, at most
   static constexpr double kCheckUs = 20000;       // how long the check of a kept candidate runs
   static constexpr double kSwitchRatio = 1.15;    // its checked time / another's that switches to that one
   static constexpr uint64_t kRecheckOps = 1 << 16;  // ops of a kept choice before a new trial
