@@ -195,8 +195,11 @@ int Refiner::firstRoundNext(const Collective& c, Class& k, std::unique_lock<std:
       ++k.fillerOps;
       filling_ = true;
       if (k.last == k.lead) {  // the first op after a switch goes uncounted
-        pending_ = &k.trial[k.lead][0];
-        pending_->probe = false;  // its probe and these ops are a block now
+        // A probed lead's fillers make its probe a block, which a flattering
+        // probe must meet; the first candidate's place its probes only, for
+        // warm ops of it beside cold probes would keep it.
+        pending_ = k.lead == k.active[0] ? &k.firstFill : &k.trial[k.lead][0];
+        pending_->probe = false;
       }
       ++k.firstOps[k.lead];
       return k.last = k.lead;
@@ -234,7 +237,12 @@ bool Refiner::placed(const Collective& c, Class& k, std::unique_lock<std::mutex>
   // A probe's lower median may flatter it, so where a probed candidate leads
   // it runs a block at a time, agreed again after each.
   double sums[kMax] = {};
-  for (int j = 0; j < k.probed; ++j) sums[k.active[j]] = k.trial[k.active[j]][0].typical();
+  for (int j = 0; j < k.probed; ++j) {
+    const int i = k.active[j];
+    Block seen = k.trial[i][0];  // its first block or probe, and its fillers
+    if (j == 0) seen.us.insert(seen.us.end(), k.firstFill.us.begin(), k.firstFill.us.end());
+    sums[i] = seen.typical();
+  }
   agree(c, sums, k.count, lock);
   k.lead = k.active[0];  // ties: the model's order
   for (int j = 1; j < k.probed; ++j) {

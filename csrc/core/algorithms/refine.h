@@ -20,7 +20,10 @@
 //            the wait would outlast kMaxWait ops, the probes left are not
 //            run).
 //            After each round one all-reduce agrees each candidate's lower
-//            median block time (Block::typical) and what the trial's ops
+//            median block time (Block::typical; a probed lead's fillers
+//            make its probe a block, the first candidate's place probes
+//            only, since its warm ops beside cold probes would keep it)
+//            and what the trial's ops
 //            took, the first block (auto's own choice, the size's first
 //            ops) and those fillers left out; fastest first, a candidate
 //            stays for the next round only while those ops, its next block
@@ -190,6 +193,7 @@ class Refiner {
     int lead = 0;                  // the fastest candidate by the last agreement of the first round
     int last = -1;                 // the candidate of the first round's last op
     int firstOps[kMax] = {};       // each candidate's ops in the first round after the first block
+    Block firstFill;               // this rank's times of the first one's fillers: they place probes only
     double blockUs = 0;            // spentUs at the end of the first block
     int fillerOps = 0;             // the ops of `lead` run while probes waited
     double fillerUs = 0;           // and this rank's time of them
