@@ -208,7 +208,7 @@ int Refiner::firstRoundNext(const Collective& c, Class& k, std::unique_lock<std:
       const int i = k.active[k.probed], ops = blockOf(k, k.probed);
       if (k.probeRuns == 0 && k.probed >= 2 && !placed(c, k, lock)) {
         if (k.filler > 0) continue;
-        k.activeCount = k.probed;  // not within the trial's length: it ends with those probed
+        k.activeCount = k.probed;  // a wait over kMaxWait: the round ends with those probed
         return -1;
       }
       if (k.probeRuns < ops) {
@@ -220,9 +220,9 @@ int Refiner::firstRoundNext(const Collective& c, Class& k, std::unique_lock<std:
         return k.last = i;
       }
     }
-    k.probeRuns = 0;
+    k.probeRuns = 0;  // the next block or probe; the second candidate's follows the first block at once
     if (++k.probed == 1) k.blockUs = k.spentUs;
-    if (k.probed >= k.activeCount) return -1;  // the second candidate's probe follows the first block at once
+    if (k.probed >= k.activeCount) return -1;
   }
 }
 
