@@ -44,6 +44,19 @@ std::vector<Op> runTrial(Ranked& k, const std::function<double(Algorithm, int)>&
   }
 }
 
+// Runs the trial at kClose with direct's ops taking `directUs`, those of
+// the second candidate (the first probed, which `second` gets) secondUs(i)
+// at op i, and every other's `othersUs`; returns the ops.
+std::vector<Op> runTrialWithSecond(Ranked& k, double directUs, const std::function<double(int)>& secondUs,
+                                   double othersUs, Algorithm& second) {
+  const int block = blockAt(k.c.costs(), kClose);
+  second = Algorithm::kAuto;
+  return runTrial(k, [&](Algorithm a, int i) {
+    if (i == block) second = a;
+    return a == Algorithm::kDirect ? directUs : a == second ? secondUs(i) : othersUs;
+  });
+}
+
 // The ops' time over `fastest` each, in ops of it, from op `from` to `to`.
 double excess(const std::vector<Op>& ops, size_t from, size_t to, double fastest) {
   double over = 0;
@@ -75,11 +88,8 @@ void testProbesWaitForTheirBudget() {
   const Tuning t = fourModel();
   const int block = blockAt(t, kClose), probe = Refiner::probeFor(block);
   onEveryRank(t, [&](int r, Ranked& k) {
-    Algorithm second = Algorithm::kAuto;
-    const std::vector<Op> ops = runTrial(k, [&](Algorithm a, int i) {
-      if (i == block) second = a;
-      return a == Algorithm::kDirect ? 10.0 : a == second ? 40.0 : 20.0;
-    });
+    Algorithm second;
+    const std::vector<Op> ops = runTrialWithSecond(k, 10.0, [](int) { return 40.0; }, 20.0, second);
     const std::vector<size_t> starts = probeStarts(ops);
     CHECK(starts.size() == 3 && starts[0] == size_t(block), "rank ", r, ": probes at ", starts.size() ? starts[0] : 0);
     for (size_t i = 0; i < size_t(block); ++i) CHECK(ops[i].a == Algorithm::kDirect, "op ", i, " of the first block");
@@ -111,11 +121,8 @@ void testTheFastestFillsTheWait() {
   const Tuning t = fourModel();
   const int block = blockAt(t, kClose), probe = Refiner::probeFor(block);
   onEveryRank(t, [&](int r, Ranked& k) {
-    Algorithm second = Algorithm::kAuto;
-    const std::vector<Op> ops = runTrial(k, [&](Algorithm a, int i) {
-      if (i == block) second = a;
-      return a == Algorithm::kDirect ? 20.0 : a == second ? 5.0 : 15.0;
-    });
+    Algorithm second;
+    const std::vector<Op> ops = runTrialWithSecond(k, 20.0, [](int) { return 5.0; }, 15.0, second);
     const std::vector<size_t> starts = probeStarts(ops);
     CHECK(starts.size() == 3, "rank ", r, ": ", starts.size(), " probes");
     for (size_t i = starts[0]; i < starts[2]; ++i) {
@@ -135,11 +142,9 @@ void testAFlatteringProbeLeadsForOneBlock() {
   const Tuning t = fourModel();
   const int block = blockAt(t, kClose), probe = Refiner::probeFor(block);
   onEveryRank(t, [&](int r, Ranked& k) {
-    Algorithm second = Algorithm::kAuto;
-    const std::vector<Op> ops = runTrial(k, [&](Algorithm a, int i) {
-      if (i == block) second = a;
-      return a == Algorithm::kDirect ? 10.0 : a != second ? 20.0 : i < block + probe ? 5.0 : 14.0;
-    });
+    Algorithm second;
+    const std::vector<Op> ops =
+        runTrialWithSecond(k, 10.0, [&](int i) { return i < block + probe ? 5.0 : 14.0; }, 20.0, second);
     const std::vector<size_t> starts = probeStarts(ops);
     CHECK(starts.size() == 3, "rank ", r, ": ", starts.size(), " probes");
     const size_t fill = size_t(block + probe);
