@@ -30,13 +30,11 @@ BITWISE_OPS = ["BAND", "BOR", "BXOR"]
 # hier: one host here, a local reduce + broadcast; shm: these ranks share a host
 # (over COLLX_TRANSPORT=tcp it is an error, and test_transports.py leaves it out)
 ALGORITHMS = ["ring", "tree", "star", "direct", "hier", "shm", "auto"]
-# From this size (the op's whole buffer on one rank) auto's all-reduce,
-# broadcast, all_gather and reduce_scatter run in shared memory when every rank
-# of the group is on this host with shared memory (algorithms/allreduce.cc).
+# From this size (the op's whole buffer on one rank) auto's all-reduce and
+# broadcast run in shared memory when every rank of the group is on this host
+# with shared memory (algorithms/allreduce.cc); all_gather and reduce_scatter
+# do so at every size.
 SHM_MIN_BYTES = 64 << 10
-# Below it, all_gather runs in shared memory from blocks of this size where the
-# ranks can read each other's memory (cross-memory attach).
-READ_IN_PLACE_MIN_BLOCK = 8 << 10
 
 
 def labels_delta(group, before):

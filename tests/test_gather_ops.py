@@ -96,9 +96,10 @@ def check_all_gather(rank, ws, fail):
                     fail(f"all_gather {dtype_name(dtype)} count={count}: block of rank {r}: {m}")
                 if m := mismatch(outs[r], ref[r]):
                     fail(f"all_gather {dtype_name(dtype)} count={count}: vs gloo, block {r}: {m}")
-    ring = "all_gather/shm" if on_shm() and 4 * RING_BLOCK * ws >= SHM_MIN_BYTES else (
-        "all_gather/direct" if ws == 2 else "all_gather/ring")
-    for count, want in ((1000, "all_gather/direct"), (RING_BLOCK, ring)):
+    # In shared memory at every size; else a direct exchange, or a ring for large blocks.
+    small, ring = ("all_gather/shm", "all_gather/shm") if on_shm() else (
+        "all_gather/direct", "all_gather/direct" if ws == 2 else "all_gather/ring")
+    for count, want in ((1000, small), (RING_BLOCK, ring)):
         x = _data(rank, torch.float32, count, 12)
         outs = [torch.empty(count) for _ in range(ws)]
         before = torchcollx.get_stats()["algorithms"]

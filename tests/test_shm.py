@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 torchcollx = pytest.importorskip("torchcollx")
 
-from common import READ_IN_PLACE_MIN_BLOCK, SHM_MIN_BYTES, labels_delta  # noqa: E402
+from common import SHM_MIN_BYTES, labels_delta  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 TABLE = {"COLLX_TUNING": "table"}  # no calibration cache to read or write as another user
@@ -148,6 +148,11 @@ def test_no_descriptor_mapping_or_thread_leaks_over_50_groups():
     assert set(os.listdir("/dev/shm")) == before_shm, "collx left something in /dev/shm"
 
 
+def _peer_reads(group):
+    """Bytes this rank has read from its peers' memory in place."""
+    return torchcollx.get_stats(group)["carriers"].get("peer_memory", {}).get("bytes_received", 0)
+
+
 def _moving_collectives(rank, ws):
     """reduce_scatter, all_gather and broadcast at sizes around the shm
     threshold and over many window chunks, on the world group (shared memory)
@@ -156,7 +161,7 @@ def _moving_collectives(rank, ws):
     sums are exact in any order."""
     tcp = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="tcp"))
     out = []
-    sizes = (ws * READ_IN_PLACE_MIN_BLOCK - 4 * ws, ws * READ_IN_PLACE_MIN_BLOCK, SHM_MIN_BYTES - 4 * ws,
+    sizes = (4 * ws, ws * READ_IN_PLACE_MIN_BLOCK - 4 * ws, ws * READ_IN_PLACE_MIN_BLOCK, SHM_MIN_BYTES - 4 * ws,
              SHM_MIN_BYTES + 4 * ws, 3 * (1 << 20) + 4 * 7 * ws)
     for nbytes in sizes:
         total = nbytes // 4 // ws * ws  # float32 elements of the whole buffer
@@ -170,30 +175,35 @@ def _moving_collectives(rank, ws):
             dist.reduce_scatter_tensor(rs, x, group=g)
             got["reduce_scatter"] = rs
             ag = torch.empty(total)
+            read_before = _peer_reads(g)
             dist.all_gather_into_tensor(ag, x[rank * block:(rank + 1) * block].clone(), group=g)
             got["all_gather"] = ag
+            ag_read_in_place = _peer_reads(g) > read_before
             for root in range(ws):
                 b = x.clone() if rank == root else torch.zeros(total)
                 dist.broadcast(b, src=root, group=g)
                 got[f"broadcast from {root}"] = b
             labels = sorted(labels_delta(g, before))
-            results[name] = (labels, got)
+            results[name] = (labels, got, ag_read_in_place)
         base = torch.arange(total, dtype=torch.float32) % 1000
         want = {"reduce_scatter": base[rank * block:(rank + 1) * block] * (ws * (ws + 1) // 2),
                 "all_gather": torch.cat([base[r * block:(r + 1) * block] * (r + 1) for r in range(ws)])}
         want.update({f"broadcast from {r}": base * (r + 1) for r in range(ws)})
-        for name, (labels, got) in results.items():
+        for name, (labels, got, _) in results.items():
             for op, w in want.items():
                 assert torch.equal(got[op], w), f"{name} {op} of {nbytes} B on rank {rank}"
-        out.append((4 * total, results["shm"][0], results["tcp"][0]))
+        out.append((4 * total, results["shm"][0], results["tcp"][0], results["shm"][2]))
     dist.destroy_process_group(tcp)
     return _backend().transport, out
 
 
-# With cross-memory attach, all_gather and reduce_scatter read the peers'
-# blocks where they lie, and all_gather does so below SHM_MIN_BYTES too, from
-# blocks of READ_IN_PLACE_MIN_BLOCK; the 3 MB point spans several window halves.
-# auto reads in place where the ranks measured that it pays (their note says).
+# all_gather and reduce_scatter run in shared memory at every size, broadcast
+# from SHM_MIN_BYTES. With cross-memory attach, all_gather reads the peers'
+# blocks where they lie from blocks of READ_IN_PLACE_MIN_BLOCK (the same
+# memory either way, so the labels say shm); the 3 MB point spans several
+# window halves. auto reads in place where the ranks measured that it pays
+# (their note says).
+READ_IN_PLACE_MIN_BLOCK = 8 << 10
 @pytest.mark.parametrize("cma", ["1", "0", "auto"], ids=lambda v: f"cma{v}")
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
 def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):
@@ -207,15 +217,16 @@ def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):
         assert ", cross-memory attach" in note or "a read of a peer's memory costs over" in note, note
     reads = ", cross-memory attach" in note
     for _, rank_result in res:
-        for nbytes, shm_labels, tcp_labels in rank_result:
+        for nbytes, shm_labels, tcp_labels, ag_read_in_place in rank_result:
             assert not any(label.endswith("/shm") for label in tcp_labels), tcp_labels
             on_shm = [label for label in shm_labels if label.endswith("/shm")]
             if nbytes >= SHM_MIN_BYTES:
                 assert on_shm == ["all_gather/shm", "broadcast/shm", "reduce_scatter/shm"], (nbytes, shm_labels)
-            elif reads and nbytes // ws >= READ_IN_PLACE_MIN_BLOCK:
-                assert on_shm == ["all_gather/shm"], (nbytes, shm_labels)
             else:
-                assert not on_shm, (nbytes, shm_labels)
+                assert on_shm == ["all_gather/shm", "reduce_scatter/shm"], (nbytes, shm_labels)
+            # A read's system call costs more than a small block's copies.
+            wants_read = reads and (nbytes // ws >= READ_IN_PLACE_MIN_BLOCK or nbytes >= SHM_MIN_BYTES)
+            assert ag_read_in_place == wants_read, (nbytes, note)
 
 
 def _refuse_cross_memory_attach():

@@ -1,13 +1,14 @@
 // A small all-reduce's time in the core alone, without torch: N ranks as
 // threads of this process over shared memory (or --transport tcp), each
-// running back-to-back all-reduces (or all-gathers: shm forces the shm form,
-// any other --algorithm takes what allgather() picks) of --bytes with one
+// running back-to-back all-reduces (or all-gathers or reduce-scatters: shm
+// forces the shm form, any other --algorithm takes what allgather() or
+// reduceScatter() picks) of --bytes with one
 // algorithm; --read-peers 0 keeps the shm forms off the reads in place. It times
 // what collx's own code and the waits for the peers cost per op, apart from
 // torch's per-call floor (benchmarks/small_op.py times both).
 //
 //   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
-//       [--op all_reduce|all_gather] [--read-peers 1|0] [--transport shm|tcp]
+//       [--op all_reduce|all_gather|reduce_scatter] [--read-peers 1|0] [--transport shm|tcp]
 //
 // Prints ns per op, rank 0's, over the last three quarters of the ops.
 #include <cstdio>
@@ -38,14 +39,16 @@ int main(int argc, char** argv) {
   const size_t count = std::max<size_t>(1, bytes / sizeof(float));
   test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm, readPeers));
   test::runRanks(ranks, [&](int r) {
-    std::vector<float> buf(count, 1.0f);
+    std::vector<float> buf(count, 1.0f), out(count);
     Workspace ws;
     const ReduceFn fn = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
     const Deadline deadline = Clock::now() + std::chrono::minutes(5);
     Clock::time_point start = Clock::now();
     for (int i = 0; i < ops; ++i) {
       if (i == ops / 4) start = Clock::now();
-      const OpKind kind = op == "all_gather" ? OpKind::kAllgather : OpKind::kAllreduce;
+      const OpKind kind = op == "all_gather"       ? OpKind::kAllgather
+                          : op == "reduce_scatter" ? OpKind::kReduceScatter
+                                                   : OpKind::kAllreduce;
       Collective c{*g.devices[size_t(r)], kind, DataType::kFloat32, uint64_t(i + 1), deadline, 1 << 16, 2, ws};
       if (op == "all_reduce") {
         allreduce(c, algo, buf.data(), count, fn);
@@ -54,6 +57,11 @@ int main(int argc, char** argv) {
         const auto blocks = blocksAt<void*>(buf.data(), ranks, block * sizeof(float));
         if (algo == Algorithm::kShm) shmAllgather(c, blocks[size_t(r)], blocks, block);
         else allgather(c, buf.data(), block);
+      } else if (op == "reduce_scatter") {
+        const size_t block = count / size_t(ranks);
+        const auto blocks = blocksAt<const void*>(buf.data(), ranks, block * sizeof(float));
+        if (algo == Algorithm::kShm) shmReduceScatter(c, blocks, out.data(), block, fn);
+        else reduceScatter(c, buf.data(), block, fn);
       } else {
         CHECK(false, "unknown op ", op);
       }

@@ -23,7 +23,7 @@ void checkRoot(int64_t root, int size, const char* op, int rank) {
 std::string allgatherInto(const Collective& c, const at::Tensor& input, const std::vector<void*>& blocks) {
   const size_t bytes = input.nbytes();
   collx::allgather(c, input.data_ptr(), blocks, size_t(input.numel()));
-  if (allgatherInShm(c.transport, bytes)) return "all_gather/shm";
+  if (movesInShm(c.transport)) return "all_gather/shm";
   return allgatherDirect(c.size(), bytes) ? "all_gather/direct" : "all_gather/ring";
 }
 

@@ -167,7 +167,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
 static std::string reduceScatterInto(Workspace& copies, const Collective& c, const ResolvedOp& r, DataType dtype,
                                      const std::vector<const void*>& blocks, void* out, size_t count) {
   const size_t blockBytes = count * elementSize(dtype);
-  if (!r.premul && useSharedWindows(c.transport, blockBytes * size_t(c.size()))) {
+  if (!r.premul && movesInShm(c.transport)) {
     shmReduceScatter(c, blocks, out, count, r.fn);
     if (r.average) divideInPlace(dtype, out, count, c.size());
     return "reduce_scatter/shm";

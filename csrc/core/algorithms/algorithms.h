@@ -72,8 +72,8 @@ void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn)
 
 // All-gather of `blockCount` elements per rank into `blocks`, wherever they
 // lie: rank r's block, read from its `in` (which may be its blocks[r]),
-// ends in blocks[r] on every rank. In shared memory where allgatherInShm,
-// else direct exchange for small blocks, ring for large ones. Shared memory
+// ends in blocks[r] on every rank. In shared memory where movesInShm, else
+// direct exchange for small blocks, ring for large ones. Shared memory
 // and the direct exchange write the blocks where they lie; the ring runs on
 // blocks laid end to end, and copies through the workspace where they are
 // not.
@@ -90,11 +90,15 @@ inline bool overlaps(const void* a, const void* b, size_t bytes) {
   return x < y + bytes && y < x + bytes;
 }
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
-// Whether all_gather of `blockBytes` per rank runs in shared memory: where
-// useSharedWindows for the whole output, or from kReadInPlaceMinBlockBytes
-// where the ranks read each other's blocks in place (SharedWindows::peerReads):
-// one copy per byte received, against two through the rings or windows.
-bool allgatherInShm(const Transport& t, size_t blockBytes);
+// Whether all_gather and reduce_scatter run in shared memory: at every size
+// wherever the transport has shared windows. Below useSharedWindows' sizes
+// too, one round through the windows took 0.55-1.0x the time of the direct
+// exchange or the ring, at n=2 and 4 (docs/measurements.md).
+bool movesInShm(const Transport& t);
+// The shared-memory all_gather reads the peers' blocks in place where the
+// ranks may (SharedWindows::peerReads) from blocks of this size, or where
+// useSharedWindows for the whole output: one copy per byte received, against
+// two through the windows; below, a read's system call costs more than it saves.
 constexpr size_t kReadInPlaceMinBlockBytes = 8 << 10;
 
 // The n blocks of `blockBytes` laid end to end from `base`.
@@ -108,7 +112,7 @@ std::vector<Pointer> blocksAt(Pointer base, int n, size_t blockBytes) {
 
 // Reduce-scatter: `buf` holds n blocks of `blockCount` elements; on return
 // block r of rank r holds the reduction of everyone's block r (the other
-// blocks are scratch). In shared memory where useSharedWindows, else a ring.
+// blocks are scratch). In shared memory where movesInShm, else a ring.
 void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn);
 
 // The shared-memory forms (shm_collectives.cc), which need

@@ -34,11 +34,7 @@ Algorithm parseAlgorithm(const char* s) {
 
 bool useSharedWindows(const Transport& t, size_t bytes) { return bytes >= kShmMinBytes && t.sharedWindows(); }
 
-bool allgatherInShm(const Transport& t, size_t blockBytes) {
-  const SharedWindows* w = t.sharedWindows();
-  return w && (blockBytes * size_t(t.size()) >= kShmMinBytes ||
-               (blockBytes >= kReadInPlaceMinBlockBytes && w->peerReads() >= PeerReads::kCopies));
-}
+bool movesInShm(const Transport& t) { return t.sharedWindows() != nullptr; }
 
 Algorithm resolveAllreduce(const Transport& t, const Tuning& tuning, Algorithm algo, int treeArity, size_t bytes) {
   if (algo != Algorithm::kAuto) return algo;

@@ -40,7 +40,7 @@ void allgather(const Collective& c, const void* in, const std::vector<void*>& bl
   const int n = c.size(), rank = c.rank();
   COLLX_CHECK(int(blocks.size()) == n, "collx rank ", rank, ": all_gather needs ", n, " blocks, got ", blocks.size());
   const size_t blockBytes = blockCount * elementSize(c.dtype);
-  if (allgatherInShm(c.transport, blockBytes)) return shmAllgather(c, in, blocks, blockCount);
+  if (movesInShm(c.transport)) return shmAllgather(c, in, blocks, blockCount);
   if (!allgatherDirect(n, blockBytes)) {
     char* const flat = static_cast<char*>(blocks[0]);
     bool endToEnd = true;

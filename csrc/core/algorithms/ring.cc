@@ -122,7 +122,7 @@ void ringReduce(const Collective& c, char* buf, size_t count, int root, ReduceFn
 
 void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn) {
   const size_t blockBytes = blockCount * elementSize(c.dtype);
-  if (useSharedWindows(c.transport, blockBytes * size_t(c.size()))) {
+  if (movesInShm(c.transport)) {
     return shmReduceScatter(c, blocksAt<const void*>(buf, c.size(), blockBytes),
                             static_cast<char*>(buf) + size_t(c.rank()) * blockBytes, blockCount, fn);
   }

@@ -4,10 +4,12 @@
 // reduction round.
 //
 // Where every rank can read the others' memory (ShmChunks::readInPlace),
-// all-gather, and reduce-scatter of blocks up to kReadInPlaceMaxBlockBytes,
-// copy straight from the peers' buffers, in one chunk: one copy per byte
-// received instead of two (into a window and out), for one more round at
-// the end.
+// all-gather (of blocks from kReadInPlaceMinBlockBytes, or of outputs from
+// useSharedWindows' size) and reduce-scatter (of inputs from that size, and
+// blocks up to kReadInPlaceMaxBlockBytes) copy straight from the peers'
+// buffers, in one chunk: one copy per byte received instead of two (into a
+// window and out), for one more round at the end. Smaller ops take the
+// windows, where a read's system call would cost more than the copy it saves.
 //
 //   reduce-scatter (n blocks in; rank r writes the sum of block r out)
 //     1. post the addresses of my n blocks
@@ -87,7 +89,9 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
   char* const result = static_cast<char*>(out);
   // Every rank takes the same form: peerReads is the group's, and the
   // block size the same everywhere.
-  if (chunks.readsInPlace(PeerReads::kAll) && blockCount * es <= kReadInPlaceMaxBlockBytes) {
+  const size_t bytes = blockCount * es;
+  if (chunks.readsInPlace(PeerReads::kAll) && useSharedWindows(c.transport, bytes * size_t(n)) &&
+      bytes <= kReadInPlaceMaxBlockBytes) {
     return reduceScatterInPlace(chunks, c, blocks, result, blockCount, fn);
   }
 
@@ -116,7 +120,8 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
     if (bytes > 0 && block(me) != mine) std::memmove(block(me), mine, bytes);
   };
 
-  if (chunks.readsInPlace(PeerReads::kCopies)) {
+  if (chunks.readsInPlace(PeerReads::kCopies) &&
+      (bytes >= kReadInPlaceMinBlockBytes || useSharedWindows(c.transport, bytes * size_t(n)))) {
     // This rank's own block is copied while the peers read its input, where
     // that copy leaves the input as they read it.
     const bool apart = !overlaps(mine, block(me), bytes);
