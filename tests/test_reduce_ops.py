@@ -20,7 +20,8 @@ torchcollx = pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
 from collectives_common import COUNTS, LARGE, MIB4, WORLD_SIZES, _rs_expected  # noqa: E402
-from common import DTYPES, dtype_name, expected, gen, mismatch, reduce_op, suite_test, tolerance  # noqa: E402
+from common import (DTYPES, dtype_name, expected, gen, labels_delta, mismatch, on_shm, reduce_op,  # noqa: E402
+                    suite_test, tolerance)
 
 
 def reduce_ops_for(dtype):
@@ -169,7 +170,12 @@ def check_reduce_scatter_layouts(rank, ws, fail):
                 fail(f"reduce_scatter_tensor {where}: wrote outside its strided output: {m}")
             inp = x.clone()
             mine = inp[rank * block:(rank + 1) * block]
+            before = torchcollx.get_stats()["algorithms"]
             dist.reduce_scatter_tensor(mine, inp, op=reduce_op(op))
+            # Every op, PREMUL_SUM's scaled copy too, in shared memory where the group has it.
+            label = "reduce_scatter/shm" if on_shm() else "reduce_scatter/ring"
+            if (labels := labels_delta(None, before)) != {label: 1}:
+                fail(f"reduce_scatter_tensor in place {where}: stats labels {labels}, expected {{{label!r}: 1}}")
             if m := mismatch(mine, want, rtol, atol):
                 fail(f"reduce_scatter_tensor in place {where}: {m}")
             others = torch.cat([inp[:rank * block], inp[(rank + 1) * block:]])

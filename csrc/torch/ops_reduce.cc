@@ -162,8 +162,8 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
 
 // Reduce-scatter of `blocks` (n contiguous blocks of `count` elements) into
 // the contiguous `out`, on raw memory (op_helpers.h). In shared memory it
-// reads the blocks where they lie; the ring needs a private copy of them,
-// which it reduces in place.
+// reads the blocks where they lie; the ring, and PREMUL_SUM, which scales
+// its input first, need a private copy of them, reduced in place.
 static std::string reduceScatterInto(Workspace& copies, const Collective& c, const ResolvedOp& r, DataType dtype,
                                      const std::vector<const void*>& blocks, void* out, size_t count) {
   const size_t blockBytes = count * elementSize(dtype);
@@ -176,7 +176,7 @@ static std::string reduceScatterInto(Workspace& copies, const Collective& c, con
   for (size_t q = 0; q < blocks.size(); ++q) std::memcpy(work + q * blockBytes, blocks[q], blockBytes);
   withScaling(r, dtype, work, count * size_t(c.size()), c.size(), [&] { reduceScatter(c, work, count, r.fn); });
   std::memcpy(out, work + size_t(c.rank()) * blockBytes, blockBytes);
-  return "reduce_scatter/ring";
+  return movesInShm(c.transport) ? "reduce_scatter/shm" : "reduce_scatter/ring";
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -53,7 +53,9 @@ struct Bf16 {
     const __m256 even =
         apply<Op>(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)));
     const __m256 odd = apply<Op>(_mm256_castsi256_ps(high(a)), _mm256_castsi256_ps(high(b)));
-    const __m256i out = _mm256_or_si256(_mm256_srli_epi32(round<Op>(even), 16), high(round<Op>(odd)));
+    // The even results' high halves shifted down, beside the odd results'
+    // high halves: one blend of 16-bit lanes.
+    const __m256i out = _mm256_blend_epi16(_mm256_srli_epi32(round<Op>(even), 16), round<Op>(odd), 0xaa);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), out);
   }
 };
