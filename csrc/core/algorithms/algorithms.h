@@ -92,8 +92,8 @@ inline bool overlaps(const void* a, const void* b, size_t bytes) {
 void ringAllgather(const Collective& c, void* out, size_t blockCount);
 // Whether all_gather and reduce_scatter run in shared memory: at every size
 // wherever the transport has shared windows. Below useSharedWindows' sizes
-// too, one round through the windows took 0.55-1.0x the time of the direct
-// exchange or the ring, at n=2 and 4 (docs/measurements.md).
+// too, the op through the windows took 0.44-1.03x the time of the direct
+// exchange or the ring (a tie at 4 KiB), at n=2 and 4 (docs/measurements.md).
 bool movesInShm(const Transport& t);
 // The shared-memory all_gather reads the peers' blocks in place where the
 // ranks may (SharedWindows::peerReads) from blocks of this size, or where
