@@ -28,6 +28,9 @@ from common import SHM_MIN_BYTES, labels_delta  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 TABLE = {"COLLX_TUNING": "table"}  # no calibration cache to read or write as another user
+# all_gather reads the peers' blocks in place, where the ranks may, from blocks
+# of this size (algorithms.h, kReadInPlaceMinBlockBytes) or outputs of SHM_MIN_BYTES.
+READ_IN_PLACE_MIN_BLOCK = 8 << 10
 
 
 def _backend(group=None):
@@ -203,7 +206,6 @@ def _moving_collectives(rank, ws):
 # memory either way, so the labels say shm); the 3 MB point spans several
 # window halves. auto reads in place where the ranks measured that it pays
 # (their note says).
-READ_IN_PLACE_MIN_BLOCK = 8 << 10
 @pytest.mark.parametrize("cma", ["1", "0", "auto"], ids=lambda v: f"cma{v}")
 @pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
 def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):

@@ -2,10 +2,10 @@
 // threads of this process over shared memory (or --transport tcp), each
 // running back-to-back all-reduces (or all-gathers or reduce-scatters: shm
 // forces the shm form, any other --algorithm takes what allgather() or
-// reduceScatter() picks) of --bytes with one
-// algorithm; --read-peers 0 keeps the shm forms off the reads in place. It times
-// what collx's own code and the waits for the peers cost per op, apart from
-// torch's per-call floor (benchmarks/small_op.py times both).
+// reduceScatter() picks) of --bytes with one algorithm; --read-peers 0 keeps
+// the shm forms off the reads in place. It times what collx's own code and
+// the waits for the peers cost per op, apart from torch's per-call floor
+// (benchmarks/small_op.py times both).
 //
 //   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
 //       [--op all_reduce|all_gather|reduce_scatter] [--read-peers 1|0] [--transport shm|tcp]
