@@ -40,9 +40,10 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 // more than direct over the rings; above it, reading n times the data does.
 constexpr size_t kShmOneRoundBytes = 4 << 10;
 
-// Whether auto and the entry points below take the shared-memory forms for
+// Whether auto's all-reduce and broadcast take the shared-memory forms for
 // an op of `bytes` (its whole buffer on one rank): where the transport has
-// shared windows, from a size where they beat messages over the rings.
+// shared windows, from a size where they beat messages over the rings
+// (all_gather and reduce_scatter take them at every size: movesInShm).
 bool useSharedWindows(const Transport& t, size_t bytes);
 
 // The ranks of a group by host (Transport::host): hosts in order of their

@@ -13,8 +13,9 @@ namespace collx {
 
 namespace {
 constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct", "hier", "shm"};
-// From this size auto takes the shared-memory collectives where it can;
-// below it (down to kShmOneRoundBytes for the all-reduce) the cost model's
+// From this size auto's all-reduce and broadcast take the shared-memory
+// forms where they can; below it (down to kShmOneRoundBytes for the
+// all-reduce) the cost model's
 // choice (a single exchange, or a tree) is as fast or faster than three
 // rounds of counters; from it, the windows win or tie (docs/measurements.md).
 constexpr size_t kShmMinBytes = 64 << 10;
