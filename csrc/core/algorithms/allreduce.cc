@@ -15,9 +15,9 @@ namespace {
 constexpr const char* kNames[] = {"auto", "ring", "tree", "star", "direct", "hier", "shm"};
 // From this size auto's all-reduce and broadcast take the shared-memory
 // forms where they can; below it (down to kShmOneRoundBytes for the
-// all-reduce) the cost model's
-// choice (a single exchange, or a tree) is as fast or faster than three
-// rounds of counters; from it, the windows win or tie (docs/measurements.md).
+// all-reduce) the cost model's choice (a single exchange, or a tree) is as
+// fast or faster than three rounds of counters; from it, the windows win or
+// tie (docs/measurements.md).
 constexpr size_t kShmMinBytes = 64 << 10;
 static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Algorithm::kCount));
 }  // namespace
