@@ -51,10 +51,10 @@ def _dead_peer(rank, ws, victim, when, stamp, op, count):
         big = torch.ones(count)
         run = lambda: dist.all_reduce(big)  # noqa: E731
     elif op == "all_gather":
-        out, block = torch.empty(BIG // ws * ws), torch.ones(BIG // ws)
+        out, block = torch.empty(count // ws * ws), torch.ones(count // ws)
         run = lambda: dist.all_gather_into_tensor(out, block)  # noqa: E731
     else:
-        blocks, out = torch.ones(ws << 18), torch.empty(1 << 18)  # 1 MiB blocks: read in place
+        blocks, out = torch.ones(ws * count), torch.empty(count)
         run = lambda: dist.reduce_scatter_tensor(out, blocks)  # noqa: E731
 
     def die():
@@ -90,7 +90,9 @@ def _dead_peer(rank, ws, victim, when, stamp, op, count):
 
 @pytest.mark.parametrize("transport,op,count", [("shm", "all_reduce", BIG), ("shm", "all_reduce", 2 << 20),
                                                 ("tcp", "all_reduce", BIG), ("shm", "all_gather", BIG),
-                                                ("shm", "reduce_scatter", None)])
+                                                # 1 MiB blocks, read in place; 4 KiB ones, through the windows
+                                                ("shm", "reduce_scatter", 1 << 18), ("shm", "all_gather", 1000),
+                                                ("shm", "reduce_scatter", 1000)])
 @pytest.mark.parametrize("when", ["before", "during"])
 @pytest.mark.parametrize("ws", [3, 4], ids=lambda ws: f"ws{ws}")
 def test_dead_peer_fails_every_survivor_fast(ws, when, transport, op, count, tmp_path):
