@@ -310,10 +310,15 @@ def test_ranks_started_on_one_core_part_within_a_few_ops():
     # A thread moves at most once per 10 ms (the setup's ops before `start` included).
     for moves, secs in ((moves_a, secs_a), (moves_b, secs_b)):
         assert 0 <= moves <= 2 + secs * 100, (moves, secs)
-    apart = ops  # the first op from which the two ran on different cores
-    while apart > 0 and a[apart - 1] != b[apart - 1]:
-        apart -= 1
-    assert apart <= 20, f"the ranks shared a core until op {apart} of {ops}: {a[:40]} {b[:40]}"
+    # Every stretch of ops on one core ends within 20 ops: the stack they
+    # started in, and any the scheduler makes later (on a busy machine it
+    # may place both on one core again for a moment).
+    longest = run = 0
+    for i in range(ops):
+        run = run + 1 if a[i] == b[i] else 0
+        longest = max(longest, run)
+    shared = [i for i in range(ops) if a[i] == b[i]]
+    assert longest <= 20, f"the ranks shared a core for {longest} ops in a row; shared at ops {shared}"
 
 
 def _pinned_on_one_core(rank, ws, ops):
