@@ -38,36 +38,26 @@ from mpi4py import MPI
 
 import torchcollx
 from bench_common import parse_sizes, stats_gained
+from collectives import Point, elements
+from mpi_allreduce import make_op
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
-def mpi_call(comm, op, size):
-    """The MPI call of `op` at `size` bytes and a check of its first result."""
-    n, rank = comm.Get_size(), comm.Get_rank()
-    if op == "all_reduce":
-        buf = np.full(max(1, size // 4), rank + 1, dtype=np.float32)
-        return (lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)), lambda: (buf == n * (n + 1) / 2).all()
-    block = max(1, -(-size // 4 // n))
-    big, small = np.full(block * n, rank + 1, dtype=np.float32), np.full(block, rank + 1, dtype=np.float32)
-    if op == "reduce_scatter":
-        return (lambda: comm.Reduce_scatter_block(big, small, op=MPI.SUM)), lambda: (small == n * (n + 1) / 2).all()
-    want = np.repeat(np.arange(1, n + 1, dtype=np.float32), block)
-    return (lambda: comm.Allgather(small, big)), lambda: (big == want).all()
-
-
 def torch_call(group, op, size, n, rank):
-    """The torch.distributed call of `op` at `size` bytes on `group` and a check of its first result."""
+    """The torch.distributed call of `op` at `size` bytes on `group`, sized as
+    mpi_allreduce.make_op sizes MPI's, and a function that runs it once with
+    known values and says whether the result was right."""
     if op == "all_reduce":
-        buf = torch.full((max(1, size // 4),), float(rank + 1))
-        return (lambda: dist.all_reduce(buf, group=group)), lambda: bool((buf == n * (n + 1) / 2).all())
-    block = max(1, -(-size // 4 // n))
-    big, small = torch.full((block * n,), float(rank + 1)), torch.full((block,), float(rank + 1))
-    if op == "reduce_scatter":
-        return ((lambda: dist.reduce_scatter_single(small, big, group=group)),
-                lambda: bool((small == n * (n + 1) / 2).all()))
-    want = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(block)
-    return (lambda: dist.all_gather_single(big, small, group=group)), lambda: bool(torch.equal(big, want))
+        buf = torch.empty(max(1, size // 4))
+
+        def first():
+            buf.fill_(rank + 1)
+            dist.all_reduce(buf, group=group)
+            return bool((buf == n * (n + 1) / 2).all())
+        return (lambda: dist.all_reduce(buf, group=group)), first
+    point = Point(op, elements(op, size, n), group, rank, n)
+    return point.run, lambda: point.check(check_non_root=True) is None
 
 
 def block_us(comm, call, ops):
@@ -103,11 +93,11 @@ def main():
         groups["gloo"] = dist.group.WORLD
     rows = []
     for size in parse_sizes(args.sizes, "1G", 4):
-        calls = {"mpi": mpi_call(comm, args.op, size)}
+        mpi, factor, right, _ = make_op(comm, args.op, size)
+        calls = {"mpi": (mpi, lambda: (mpi(), right())[1])}
         calls.update({name: torch_call(g, args.op, size, n, rank) for name, g in groups.items()})
-        for name, (call, right) in calls.items():
-            call()
-            if not comm.allreduce(bool(right()), op=MPI.LAND):
+        for name, (_, first) in calls.items():
+            if not comm.allreduce(bool(first()), op=MPI.LAND):
                 raise SystemExit(f"{name} returned a wrong {args.op} result at {size} B")
         # Warm up (auto settles its all-reduce choice for the size), then agree each side's ops per block.
         ops = {}
@@ -134,8 +124,7 @@ def main():
             agreed = np.empty(len(ts))
             comm.Allreduce(np.array(ts), agreed, op=MPI.MAX)
             times[name] = agreed.tolist()
-        nbytes = max(1, size // 4) * 4 if args.op == "all_reduce" else max(1, -(-size // 4 // n)) * n * 4
-        factor = 2 * (n - 1) / n if args.op == "all_reduce" else (n - 1) / n
+        nbytes = 4 * (max(1, size // 4) if args.op == "all_reduce" else elements(args.op, size, n))
         row = {"op": args.op, "ranks": n, "bytes": nbytes, "collx_ran": ran, "ops_per_block": ops,
                "block_us": times,
                "median_us": {k: statistics.median(v) for k, v in times.items()},

@@ -36,34 +36,34 @@ int main(int argc, char** argv) {
     else CHECK(false, "unknown argument ", k);
   }
   const Algorithm algo = parseAlgorithm(algorithm.c_str());
+  const OpKind kind = op == "all_reduce"       ? OpKind::kAllreduce
+                      : op == "all_gather"     ? OpKind::kAllgather
+                      : op == "reduce_scatter" ? OpKind::kReduceScatter
+                                               : OpKind::kCount;
+  CHECK(kind != OpKind::kCount, "unknown op ", op);
   const size_t count = std::max<size_t>(1, bytes / sizeof(float));
+  const size_t block = count / size_t(ranks);
   test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm, readPeers));
   test::runRanks(ranks, [&](int r) {
     std::vector<float> buf(count, 1.0f), out(count);
+    const auto blocks = blocksAt<void*>(buf.data(), ranks, block * sizeof(float));
+    const auto inputs = blocksAt<const void*>(buf.data(), ranks, block * sizeof(float));
     Workspace ws;
     const ReduceFn fn = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
     const Deadline deadline = Clock::now() + std::chrono::minutes(5);
     Clock::time_point start = Clock::now();
     for (int i = 0; i < ops; ++i) {
       if (i == ops / 4) start = Clock::now();
-      const OpKind kind = op == "all_gather"       ? OpKind::kAllgather
-                          : op == "reduce_scatter" ? OpKind::kReduceScatter
-                                                   : OpKind::kAllreduce;
       Collective c{*g.devices[size_t(r)], kind, DataType::kFloat32, uint64_t(i + 1), deadline, 1 << 16, 2, ws};
-      if (op == "all_reduce") {
+      if (kind == OpKind::kAllreduce) {
         allreduce(c, algo, buf.data(), count, fn);
-      } else if (op == "all_gather") {
-        const size_t block = count / size_t(ranks);
-        const auto blocks = blocksAt<void*>(buf.data(), ranks, block * sizeof(float));
+      } else if (kind == OpKind::kAllgather) {
         if (algo == Algorithm::kShm) shmAllgather(c, blocks[size_t(r)], blocks, block);
         else allgather(c, buf.data(), block);
-      } else if (op == "reduce_scatter") {
-        const size_t block = count / size_t(ranks);
-        const auto blocks = blocksAt<const void*>(buf.data(), ranks, block * sizeof(float));
-        if (algo == Algorithm::kShm) shmReduceScatter(c, blocks, out.data(), block, fn);
-        else reduceScatter(c, buf.data(), block, fn);
+      } else if (algo == Algorithm::kShm) {
+        shmReduceScatter(c, inputs, out.data(), block, fn);
       } else {
-        CHECK(false, "unknown op ", op);
+        reduceScatter(c, buf.data(), block, fn);
       }
     }
     const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / (ops - ops / 4);
