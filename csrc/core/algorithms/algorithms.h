@@ -96,11 +96,14 @@ void ringAllgather(const Collective& c, void* out, size_t blockCount);
 // too, the op through the windows took 0.44-1.03x the time of the direct
 // exchange or the ring (a tie at 4 KiB), at n=2 and 4 (docs/measurements.md).
 bool movesInShm(const Transport& t);
-// The shared-memory all_gather reads the peers' blocks in place where the
-// ranks may (SharedWindows::peerReads) from blocks of this size, or where
-// useSharedWindows for the whole output: one copy per byte received, against
-// two through the windows; below, a read's system call costs more than it saves.
+// The shared-memory all_gather and reduce_scatter read the peers' data in
+// place where the ranks may (SharedWindows::peerReads): all_gather from
+// blocks of kReadInPlaceMinBlockBytes or outputs of kReadInPlaceMinOpBytes,
+// reduce_scatter from inputs of kReadInPlaceMinOpBytes. One copy per byte
+// received, against two through the windows; below, a read's system call
+// costs more than it saves (docs/measurements.md).
 constexpr size_t kReadInPlaceMinBlockBytes = 8 << 10;
+constexpr size_t kReadInPlaceMinOpBytes = 64 << 10;
 
 // The n blocks of `blockBytes` laid end to end from `base`.
 template <typename Pointer>  // void* or const void*

@@ -5,7 +5,7 @@
 //
 // Where every rank can read the others' memory (ShmChunks::readInPlace),
 // all-gather (of blocks from kReadInPlaceMinBlockBytes, or of outputs from
-// useSharedWindows' size) and reduce-scatter (of inputs from that size, and
+// kReadInPlaceMinOpBytes) and reduce-scatter (of inputs from that size, and
 // blocks up to kReadInPlaceMaxBlockBytes) copy straight from the peers'
 // buffers, in one chunk: one copy per byte received instead of two (into a
 // window and out), for one more round at the end. Smaller ops take the
@@ -90,7 +90,7 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
   // Every rank takes the same form: peerReads is the group's, and the
   // block size the same everywhere.
   const size_t bytes = blockCount * es;
-  if (chunks.readsInPlace(PeerReads::kAll) && useSharedWindows(c.transport, bytes * size_t(n)) &&
+  if (chunks.readsInPlace(PeerReads::kAll) && bytes * size_t(n) >= kReadInPlaceMinOpBytes &&
       bytes <= kReadInPlaceMaxBlockBytes) {
     return reduceScatterInPlace(chunks, c, blocks, result, blockCount, fn);
   }
@@ -121,7 +121,7 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
   };
 
   if (chunks.readsInPlace(PeerReads::kCopies) &&
-      (bytes >= kReadInPlaceMinBlockBytes || useSharedWindows(c.transport, bytes * size_t(n)))) {
+      (bytes >= kReadInPlaceMinBlockBytes || bytes * size_t(n) >= kReadInPlaceMinOpBytes)) {
     // This rank's own block is copied while the peers read its input, where
     // that copy leaves the input as they read it.
     const bool apart = !overlaps(mine, block(me), bytes);
