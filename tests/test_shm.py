@@ -29,7 +29,8 @@ from launcher import run_ranks  # noqa: E402
 
 TABLE = {"COLLX_TUNING": "table"}  # no calibration cache to read or write as another user
 # all_gather reads the peers' blocks in place, where the ranks may, from blocks
-# of this size (algorithms.h, kReadInPlaceMinBlockBytes) or outputs of SHM_MIN_BYTES.
+# of this size or outputs of SHM_MIN_BYTES (algorithms.h: kReadInPlaceMinBlockBytes,
+# kReadInPlaceMinOpBytes).
 READ_IN_PLACE_MIN_BLOCK = 8 << 10
 
 
