@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "core/algorithms/collective.h"
+#include "core/copy.h"
 #include "tensor_checks.h"
 
 namespace collx::torch_glue {
@@ -39,8 +40,8 @@ inline std::chrono::milliseconds opTimeout(std::chrono::milliseconds opt, std::c
 // Contiguous tensors run in place; others through a contiguous copy.
 inline at::Tensor contiguousOf(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
-// The glue moves bytes between tensors and flat buffers with memcpy where a
-// tensor is contiguous: a small op's time is mostly its calls, and each
+// The glue moves bytes between tensors and flat buffers with copyBytes where
+// a tensor is contiguous: a small op's time is mostly its calls, and each
 // tensor op costs a dispatch (docs/measurements.md). Others go through a
 // tensor over the flat bytes. Tensors here are CPU ones (staging mirrors
 // device tensors first).
@@ -66,7 +67,7 @@ inline void scatterBack(const void* flat, const std::vector<at::Tensor>& outputs
   const char* from = static_cast<const char*>(flat);
   for (const auto& out : outputs) {
     if (out.is_contiguous()) {
-      std::memcpy(out.data_ptr(), from, out.nbytes());
+      copyBytes(out.data_ptr(), from, out.nbytes());
     } else {
       out.copy_(overBytes(const_cast<char*>(from), out));
     }
@@ -85,7 +86,7 @@ inline char* flatCopy(Workspace& ws, const std::vector<at::Tensor>& tensors) {
   char* to = flat;
   for (const auto& t : tensors) {
     if (t.is_contiguous()) {
-      std::memcpy(to, t.data_ptr(), t.nbytes());
+      copyBytes(to, t.data_ptr(), t.nbytes());
     } else {
       overBytes(to, t).copy_(t);
     }

@@ -330,7 +330,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::alltoall_base(at::Tensor& output, a
         recvs.push_back({r, d + out[r], size_t(out[r + 1] - out[r]), c.frame(0)});
       }
       const int me = c.rank();
-      exchange(c, sends, recvs, [&] { std::memcpy(d + out[me], s + in[me], size_t(in[me + 1] - in[me])); });
+      exchange(c, sends, recvs, [&] { copyBytes(d + out[me], s + in[me], size_t(in[me + 1] - in[me])); });
       if (dst.data_ptr() != output.data_ptr()) output.copy_(dst);
       return std::string("all_to_all/direct");
     };

@@ -173,9 +173,9 @@ static std::string reduceScatterInto(Workspace& copies, const Collective& c, con
     return "reduce_scatter/shm";
   }
   char* work = copies.get(std::max<size_t>(1, blockBytes * size_t(c.size())));
-  for (size_t q = 0; q < blocks.size(); ++q) std::memcpy(work + q * blockBytes, blocks[q], blockBytes);
+  for (size_t q = 0; q < blocks.size(); ++q) copyBytes(work + q * blockBytes, blocks[q], blockBytes);
   withScaling(r, dtype, work, count * size_t(c.size()), c.size(), [&] { reduceScatter(c, work, count, r.fn); });
-  std::memcpy(out, work + size_t(c.rank()) * blockBytes, blockBytes);
+  copyBytes(out, work + size_t(c.rank()) * blockBytes, blockBytes);
   return movesInShm(c.transport) ? "reduce_scatter/shm" : "reduce_scatter/ring";
 }
 

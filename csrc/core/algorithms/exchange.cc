@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../copy.h"
 #include "../error.h"
 #include "algorithms.h"
 #include "tuning.h"
@@ -29,7 +30,7 @@ void exchange(const Collective& c, const std::vector<Transfer>& sends,
 const void* allgatherSource(const void* in, const std::vector<void*>& blocks, int rank, size_t blockBytes) {
   for (size_t r = 0; r < blocks.size(); ++r) {
     if (int(r) != rank && overlaps(in, blocks[r], blockBytes)) {
-      std::memmove(blocks[size_t(rank)], in, blockBytes);
+      moveBytes(blocks[size_t(rank)], in, blockBytes);
       return blocks[size_t(rank)];
     }
   }
@@ -46,10 +47,10 @@ void allgather(const Collective& c, const void* in, const std::vector<void*>& bl
     bool endToEnd = true;
     for (int r = 0; r < n; ++r) endToEnd = endToEnd && blocks[size_t(r)] == flat + size_t(r) * blockBytes;
     char* const out = endToEnd ? flat : c.workspace.get(std::max<size_t>(1, blockBytes * size_t(n)));
-    if (out + size_t(rank) * blockBytes != in) std::memmove(out + size_t(rank) * blockBytes, in, blockBytes);
+    if (out + size_t(rank) * blockBytes != in) moveBytes(out + size_t(rank) * blockBytes, in, blockBytes);
     ringAllgather(c, out, blockCount);
     if (!endToEnd) {
-      for (int r = 0; r < n; ++r) std::memcpy(blocks[size_t(r)], out + size_t(r) * blockBytes, blockBytes);
+      for (int r = 0; r < n; ++r) copyBytes(blocks[size_t(r)], out + size_t(r) * blockBytes, blockBytes);
     }
     return;
   }
@@ -61,7 +62,7 @@ void allgather(const Collective& c, const void* in, const std::vector<void*>& bl
     recvs.push_back({peer, blocks[size_t(peer)], blockBytes, c.frame(0)});
   }
   exchange(c, sends, recvs);
-  if (blockBytes > 0 && blocks[size_t(rank)] != source) std::memmove(blocks[size_t(rank)], source, blockBytes);
+  if (blockBytes > 0 && blocks[size_t(rank)] != source) moveBytes(blocks[size_t(rank)], source, blockBytes);
 }
 
 void allgather(const Collective& c, void* out, size_t blockCount) {
@@ -128,7 +129,7 @@ void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) 
     char* const mine = data + j * pieceElems * es;
     char* const acc = rank == 0 ? mine : slot(j, 0);
     for (int r = 1; r < n; ++r) fn(acc, r == rank ? mine : slot(j, r), len);
-    if (rank != 0 && len > 0) std::memcpy(mine, acc, len * es);
+    if (rank != 0 && len > 0) copyBytes(mine, acc, len * es);
     if (j + 2 < pieces) postRecvs(j + 2);
   }
 }

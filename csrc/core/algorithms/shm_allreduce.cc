@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../copy.h"
 #include "algorithms.h"
 #include "shm_chunks.h"
 
@@ -86,9 +87,9 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
 
   if (count * es <= std::min(kShmOneRoundBytes, chunks.halfElems() * es)) {
     chunks.forEach(count, std::max<size_t>(count, 1), [&](size_t, size_t len) {
-      std::memcpy(chunks.half(me), out, len * es);
+      copyBytes(chunks.half(me), out, len * es);
       chunks.post();
-      std::memcpy(out, chunks.half(0), len * es);
+      copyBytes(out, chunks.half(0), len * es);
       for (int r = 1; r < n; ++r) {
         if (len > 0) fn(out, chunks.half(r), len);
       }
@@ -107,19 +108,19 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
     const size_t lo = sliceAt(me), hi = sliceAt(me + 1);
     char* const part = out + done * es;
     char* const half = chunks.half(me);
-    std::memcpy(half, part, lo * es);
-    std::memcpy(half + hi * es, part + hi * es, (len - hi) * es);
+    copyBytes(half, part, lo * es);
+    copyBytes(half + hi * es, part + hi * es, (len - hi) * es);
     chunks.post();
     if (hi > lo) {
       for (int r = 0; r < n; ++r) {
         if (r != me) fn(part + lo * es, chunks.half(r) + lo * es, hi - lo);
       }
-      std::memcpy(half + lo * es, part + lo * es, (hi - lo) * es);
+      copyBytes(half + lo * es, part + lo * es, (hi - lo) * es);
     }
     chunks.reduced();
     for (int r = 0; r < n; ++r) {
       const size_t a = sliceAt(r), b = sliceAt(r + 1);
-      if (r != me) std::memcpy(part + a * es, chunks.half(r) + a * es, (b - a) * es);
+      if (r != me) copyBytes(part + a * es, chunks.half(r) + a * es, (b - a) * es);
     }
     chunks.moved(len * es, (size_t(n - 1) * (hi - lo) + len - (hi - lo)) * es);
   });

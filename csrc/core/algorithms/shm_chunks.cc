@@ -92,13 +92,17 @@ void ShmChunks::postAddresses(const void* const* addresses, size_t count) {
 }
 
 void ShmChunks::readReduce(int r, size_t i, size_t offset, char* dst, size_t count, ReduceFn fn) {
-  // Per thread, apart from the group's workspace, which the caller's data may lie in.
-  alignas(64) thread_local char scratch[kReadPieceBytes];
+  // Per thread, apart from the group's workspace, which the caller's data
+  // may lie in. Each piece lands at its source's page offset, where the
+  // kernel's copy does not crawl (copy.h); pieces are whole pages.
+  alignas(4096) thread_local char scratch[kReadPieceBytes + 4096];
+  const uint64_t source = reinterpret_cast<const uint64_t*>(half(r))[i] + offset;
+  char* const at = scratch + source % 4096;
   const size_t es = elementSize(c_.dtype), pieceElems = std::max<size_t>(1, kReadPieceBytes / es);
   for (size_t done = 0; done < count; done += pieceElems) {
     const size_t len = std::min(pieceElems, count - done);
-    read(r, i, offset + done * es, scratch, len * es);
-    fn(dst + done * es, scratch, len);
+    read(r, i, offset + done * es, at, len * es);
+    fn(dst + done * es, at, len);
   }
 }
 

@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../copy.h"
 #include "../error.h"
 #include "algorithms.h"
 #include "shm_chunks.h"
@@ -66,12 +67,12 @@ void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vec
   char* const dst = outApart ? out : apart.data();
   chunks.exposed(bytes * size_t(n - 1));
   chunks.readInPlace(blocks.data(), blocks.size(), [&] {
-    if (bytes > 0 && dst != blocks[size_t(me)]) std::memmove(dst, blocks[size_t(me)], bytes);
+    if (bytes > 0 && dst != blocks[size_t(me)]) moveBytes(dst, blocks[size_t(me)], bytes);
     for (int r = 0; r < n; ++r) {
       if (r != me) chunks.readReduce(r, size_t(me), 0, dst, blockCount, fn);
     }
   }, [] {});
-  if (!outApart && bytes > 0) std::memcpy(out, dst, bytes);
+  if (!outApart && bytes > 0) copyBytes(out, dst, bytes);
 }
 
 }  // namespace
@@ -97,11 +98,11 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
 
   chunks.forEach(blockCount, pieceElems, [&](size_t done, size_t len) {
     for (int r = 0; r < n; ++r) {
-      if (r != me) std::memcpy(chunks.half(me) + size_t(r) * len * es, block(r) + done * es, len * es);
+      if (r != me) copyBytes(chunks.half(me) + size_t(r) * len * es, block(r) + done * es, len * es);
     }
     chunks.post();
     char* dst = result + done * es;
-    if (dst != block(me) + done * es) std::memcpy(dst, block(me) + done * es, len * es);
+    if (dst != block(me) + done * es) copyBytes(dst, block(me) + done * es, len * es);
     for (int r = 0; r < n; ++r) {
       if (r != me && len > 0) fn(dst, chunks.half(r) + size_t(me) * len * es, len);
     }
@@ -117,7 +118,7 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
   const char* const mine = static_cast<const char*>(allgatherSource(in, blocks, me, blockCount * es));
   const size_t bytes = blockCount * es;
   auto placeMine = [&] {
-    if (bytes > 0 && block(me) != mine) std::memmove(block(me), mine, bytes);
+    if (bytes > 0 && block(me) != mine) moveBytes(block(me), mine, bytes);
   };
 
   if (chunks.readsInPlace(PeerReads::kCopies) &&
@@ -142,10 +143,10 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
     return;
   }
   chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
-    std::memcpy(chunks.half(me), mine + done * es, len * es);
+    copyBytes(chunks.half(me), mine + done * es, len * es);
     chunks.post();
     for (int r = 0; r < n; ++r) {
-      if (r != me) std::memcpy(block(r) + done * es, chunks.half(r), len * es);
+      if (r != me) copyBytes(block(r) + done * es, chunks.half(r), len * es);
     }
     chunks.moved(len * es, size_t(n - 1) * len * es);
   });
@@ -161,9 +162,9 @@ void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {
   char* const data = static_cast<char*>(buf);
 
   chunks.forEach(count, chunks.halfElems(), [&](size_t done, size_t len) {
-    if (isRoot) std::memcpy(chunks.half(root), data + done * es, len * es);
+    if (isRoot) copyBytes(chunks.half(root), data + done * es, len * es);
     chunks.post();
-    if (!isRoot) std::memcpy(data + done * es, chunks.half(root), len * es);
+    if (!isRoot) copyBytes(data + done * es, chunks.half(root), len * es);
     chunks.moved(isRoot ? len * es : 0, isRoot ? 0 : len * es);
   });
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../../copy.h"
 #include "../../error.h"
 
 namespace collx::tcp {
@@ -186,7 +187,7 @@ void P2PEngine::matchParked(OpMap::iterator r) {
       parked_.erase(p);
       queueControl(peer, OpKind::kP2PClear, h.seq);
     } else if (m.complete) {
-      if (h.bytes) memcpy(r->second.buffer.data, m.payload.data(), h.bytes);
+      if (h.bytes) copyBytes(r->second.buffer.data, m.payload.data(), h.bytes);
       parked_.erase(p);
       finish(recvs_, r, nullptr);
     } else {
@@ -333,7 +334,7 @@ void P2PEngine::onPayload(int peer, Incoming& in) {
           parked_.erase(p);
         } else if (m.claimedBy) {
           auto r = recvs_.find(m.claimedBy);
-          if (h.bytes) memcpy(r->second.buffer.data, m.payload.data(), h.bytes);
+          if (h.bytes) copyBytes(r->second.buffer.data, m.payload.data(), h.bytes);
           parked_.erase(p);
           finish(recvs_, r, nullptr);
         }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "../../copy.h"
 #include "../../error.h"
 
 namespace collx::tcp {
@@ -110,7 +111,7 @@ size_t P2PLink::readPayload(char* dst, size_t want) {
   if (rxEnd_ > rxBegin_ || want < kDirectReadBytes || !dst) {
     if (!fill(1)) return 0;
     size_t take = std::min(rxEnd_ - rxBegin_, want);
-    if (dst) memcpy(dst, rx_.data() + rxBegin_, take);
+    if (dst) copyBytes(dst, rx_.data() + rxBegin_, take);
     rxBegin_ += take;
     return take;
   }

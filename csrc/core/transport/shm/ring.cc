@@ -1,5 +1,7 @@
 #include "ring.h"
 
+#include "../../copy.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -27,8 +29,8 @@ size_t Ring::write(const iovec* iov, int n, bool& wake) {
       const size_t take = std::min({space, left, kPieceBytes});
       const size_t pos = size_t(head) & (cap_ - 1);
       const size_t first = std::min(take, cap_ - pos);
-      std::memcpy(data_ + pos, src, first);
-      std::memcpy(data_, src + first, take - first);
+      copyBytes(data_ + pos, src, first);
+      copyBytes(data_, src + first, take - first);
       head += take;
       c_->head.store(head, std::memory_order_seq_cst);
       src += take;
@@ -51,8 +53,8 @@ size_t Ring::read(void* dst, size_t len, bool& wake) {
     const size_t take = std::min({avail, len - total, kPieceBytes});
     const size_t pos = size_t(tail) & (cap_ - 1);
     const size_t first = std::min(take, cap_ - pos);
-    std::memcpy(out + total, data_ + pos, first);
-    std::memcpy(out + total + first, data_, take - first);
+    copyBytes(out + total, data_ + pos, first);
+    copyBytes(out + total + first, data_, take - first);
     tail += take;
     c_->tail.store(tail, std::memory_order_seq_cst);
     total += take;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "../../copy.h"
 #include "../../error.h"
 
 namespace collx::tcp {
@@ -154,6 +155,22 @@ void Device::Windows::noteMissing(std::vector<int> ranks) {
 void Device::Windows::readPeer(int r, uint64_t address, void* dst, size_t bytes) {
   count(Carrier::kPeerMemory, 0, bytes);
   char* to = static_cast<char*>(dst);
+  if (bytes < kSlowStringCopyMinBytes || !slowStringCopy(uintptr_t(to), uintptr_t(address))) {
+    return readRaw(r, address, to, bytes);
+  }
+  // The kernel would copy at a crawling distance (copy.h): read a piece at
+  // a time into a scratch at the source's page offset, which stays in cache
+  // while copyBytes moves it on.
+  alignas(4096) thread_local char scratch[kBouncePieceBytes + 4096];
+  char* const at = scratch + address % 4096;
+  for (size_t done = 0; done < bytes; done += kBouncePieceBytes) {
+    const size_t len = std::min(kBouncePieceBytes, bytes - done);
+    readRaw(r, address + done, at, len);
+    copyBytes(to + done, at, len);
+  }
+}
+
+void Device::Windows::readRaw(int r, uint64_t address, char* to, size_t bytes) {
   while (bytes > 0) {
     iovec local{to, bytes};
     iovec remote{reinterpret_cast<void*>(uintptr_t(address)), bytes};

@@ -45,6 +45,9 @@ class Device::Windows : public SharedWindows {
   // Throws (breaking the device) if a peer closed its socket or sent an
   // abort, unless ready() holds by then.
   void checkPeers(const std::function<bool()>& ready);
+  // readPeer() without the bounce: process_vm_readv straight into `to`.
+  void readRaw(int r, uint64_t address, char* to, size_t bytes);
+  static constexpr size_t kBouncePieceBytes = 64 << 10;
 
   Device& device_;
   std::vector<char*> areas_;

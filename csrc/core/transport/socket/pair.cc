@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "../../copy.h"
 #include "../../error.h"
 
 namespace collx::tcp {
@@ -279,7 +280,7 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
       size_t buffered = rxEnd_ - rxBegin_;
       if (buffered > 0) {
         size_t take = std::min(buffered, left);
-        memcpy(op.data + op.got, rx_.data() + rxBegin_, take);
+        copyBytes(op.data + op.got, rx_.data() + rxBegin_, take);
         rxBegin_ += take;
         op.got += take;
         bytesReceived_ += take;

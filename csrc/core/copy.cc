@@ -1,0 +1,56 @@
+#include "copy.h"
+
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace collx {
+
+namespace {
+
+#if defined(__x86_64__)
+const bool kAvx2 = __builtin_cpu_supports("avx2");
+
+// Unaligned loads, aligned stores, 128 bytes a step; the head up to dst's
+// 32-byte boundary and the tail go through memcpy, below the crawl's size.
+// As fast as memcpy at a good distance, from 1 KiB to 16 MiB (measured on
+// Zen 3: docs/measurements.md).
+__attribute__((target("avx2"))) void copyVectors(char* dst, const char* src, size_t n) {
+  const size_t head = (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31;
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 128 <= n; i += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+}
+#endif
+
+}  // namespace
+
+void copyBytes(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  if (kAvx2 && n >= kSlowStringCopyMinBytes &&
+      slowStringCopy(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src))) {
+    return copyVectors(static_cast<char*>(dst), static_cast<const char*>(src), n);
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+void moveBytes(void* dst, const void* src, size_t n) {
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d + n <= s || s + n <= d) return copyBytes(dst, src, n);
+  std::memmove(dst, src, n);
+}
+
+}  // namespace collx

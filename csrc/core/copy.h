@@ -1,0 +1,33 @@
+// Byte copies for the collectives' data paths: memcpy, except where glibc's
+// memcpy would crawl.
+//
+// glibc copies from about 2 KiB up with `rep movsb`. On AMD Zen 3 (glibc
+// 2.36) `rep movsb` runs 15-35x slower when the destination lies 1 to 31
+// bytes past the source, counted modulo a page, and up to a third slower
+// from 32 to 63 (docs/measurements.md). A tensor lies at such a distance
+// from a window, a peer's tensor or a receive buffer when it is a view at an
+// odd offset, or a block of all_gather_into_tensor whose size is no multiple
+// of 64 bytes. The kernel's cross-memory reads take `rep movsb` too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace collx {
+
+// Whether a copy from src to dst lands in the distance above; any CPU.
+inline bool slowStringCopy(uintptr_t dst, uintptr_t src) {
+  const uintptr_t ahead = (dst - src) % 4096;
+  return ahead != 0 && ahead < 64;
+}
+// Where the crawl begins; below, `rep movsb` is not taken.
+constexpr size_t kSlowStringCopyMinBytes = 2048;
+
+// memcpy(dst, src, n) for buffers that do not overlap; at a slow distance,
+// a vector loop (AVX2) that stores aligned instead.
+void copyBytes(void* dst, const void* src, size_t n);
+
+// memmove(dst, src, n), as copyBytes where the buffers do not overlap.
+void moveBytes(void* dst, const void* src, size_t n);
+
+}  // namespace collx
