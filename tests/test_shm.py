@@ -8,8 +8,9 @@ to TCP with one warning, or init fails clearly under transport=shm), nothing
 left in /dev/shm, no descriptor, mapping or thread leaked over 50 groups, and
 reduce_scatter, all_gather and broadcast in shared memory against TCP, with
 and without cross-memory attach (COLLX_SHM_CMA), a rank whose policy
-refuses it (every rank then does without), and ranks that start stacked on
-one core parting within a few ops.
+refuses it (every rank then does without), the collectives on views at odd
+page offsets, and ranks that start stacked on one core parting within a few
+ops.
 """
 from __future__ import annotations
 
@@ -230,6 +231,61 @@ def test_reduce_scatter_all_gather_broadcast_in_shared_memory(ws, cma):
             # A read's system call costs more than a small block's copies.
             wants_read = reads and (nbytes // ws >= READ_IN_PLACE_MIN_BLOCK or nbytes >= SHM_MIN_BYTES)
             assert ag_read_in_place == wants_read, (nbytes, note)
+
+
+def _at_page_offset(count, offset):
+    """A float32 view of `count` elements starting `offset` bytes past a page boundary."""
+    raw = torch.zeros(count + 2048)
+    start = ((-raw.data_ptr()) % 4096 + offset) // 4
+    return raw[start:start + count]
+
+
+def _collectives_at_odd_offsets(rank, ws):
+    """all_reduce, all_gather_into_tensor, reduce_scatter_tensor and a
+    coalesced all_reduce on views that start 4 + 12 * rank bytes past a page:
+    each rank's buffers lie 12 to 36 bytes from its peers' and from the
+    windows, modulo a page, where memcpy's `rep movsb` crawls on some CPUs and
+    collx copies otherwise (csrc/core/copy.h). Sizes through the windows, the
+    reads in place, and the all-reduce's own reads in place (5 MiB); on
+    shared memory and on TCP. Integer-valued floats: sums are exact."""
+    tcp = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="tcp"))
+    offset = 4 + 12 * rank
+    total_of = lambda nbytes: nbytes // 4 // ws * ws  # noqa: E731
+    checked = []
+    for g in (None, tcp):
+        for nbytes in (64 << 10, 1 << 20, 5 << 20):
+            total = total_of(nbytes)
+            block = total // ws
+            base = torch.arange(total, dtype=torch.float32) % 1000
+            x = _at_page_offset(total, offset)
+            x.copy_(base * (rank + 1))
+            dist.all_reduce(x, group=g)
+            assert torch.equal(x, base * (ws * (ws + 1) // 2)), f"all_reduce of {nbytes} B"
+            x.copy_(base * (rank + 1))
+            rs = _at_page_offset(block, offset)
+            dist.reduce_scatter_tensor(rs, x, group=g)
+            assert torch.equal(rs, base[rank * block:(rank + 1) * block] * (ws * (ws + 1) // 2)), \
+                f"reduce_scatter of {nbytes} B"
+            ag = _at_page_offset(total, offset)
+            dist.all_gather_into_tensor(ag, x[rank * block:(rank + 1) * block], group=g)
+            assert torch.equal(ag, torch.cat([base[r * block:(r + 1) * block] * (r + 1) for r in range(ws)])), \
+                f"all_gather of {nbytes} B"
+            parts = [_at_page_offset(n, offset + 4 * i) for i, n in enumerate((3001, block))]
+            for p in parts:
+                p.copy_(base[:p.numel()] * (rank + 1))
+            dist.all_reduce_coalesced(parts, group=g)
+            for p in parts:
+                assert torch.equal(p, base[:p.numel()] * (ws * (ws + 1) // 2)), f"coalesced all_reduce of {nbytes} B"
+            checked.append(nbytes)
+    dist.destroy_process_group(tcp)
+    return checked
+
+
+@pytest.mark.parametrize("cma", ["1", "0"], ids=lambda v: f"cma{v}")
+@pytest.mark.parametrize("ws", [2, 3], ids=lambda ws: f"ws{ws}")
+def test_collectives_on_views_at_odd_page_offsets(ws, cma):
+    res = run_ranks(_collectives_at_odd_offsets, ws, timeout=120, env={**TABLE, "COLLX_SHM_CMA": cma})
+    assert all(len(checked) == 6 for checked in res), res
 
 
 def _refuse_cross_memory_attach():

@@ -8,7 +8,10 @@
 // (benchmarks/small_op.py times both).
 //
 //   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
-//       [--op all_reduce|all_gather|reduce_scatter] [--read-peers 1|0] [--transport shm|tcp]
+//       [--op all_reduce|all_gather|reduce_scatter] [--read-peers 1|0] [--transport shm|tcp] [--offset 0]
+//
+// --offset B moves rank r's buffers r * B bytes (modulo 1 KiB) further from their page
+// (benchmarks/page_offsets.py does so under torch).
 //
 // Prints ns per op, rank 0's, over the last three quarters of the ops.
 #include <cstdio>
@@ -21,6 +24,7 @@ using namespace collx;
 
 int main(int argc, char** argv) {
   int ranks = 2, ops = 300000;
+  size_t offset = 0;
   size_t bytes = 4;
   bool readPeers = true;
   std::string algorithm = "shm", transport = "shm", op = "all_reduce";
@@ -33,6 +37,7 @@ int main(int argc, char** argv) {
     else if (k == "--ops") ops = std::stoi(v);
     else if (k == "--op") op = v;
     else if (k == "--read-peers") readPeers = v != "0";
+    else if (k == "--offset") offset = std::stoul(v);
     else CHECK(false, "unknown argument ", k);
   }
   const Algorithm algo = parseAlgorithm(algorithm.c_str());
@@ -45,9 +50,16 @@ int main(int argc, char** argv) {
   const size_t block = count / size_t(ranks);
   test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm, readPeers));
   test::runRanks(ranks, [&](int r) {
-    std::vector<float> buf(count, 1.0f), out(count);
-    const auto blocks = blocksAt<void*>(buf.data(), ranks, block * sizeof(float));
-    const auto inputs = blocksAt<const void*>(buf.data(), ranks, block * sizeof(float));
+    // 64 bytes past a page, where torch's allocator puts a large tensor: a
+    // std::vector's 16 would put the copies at a crawling distance (copy.h).
+    std::vector<float> bufMem(count + 2048, 1.0f), outMem(count + 2048);
+    auto atPagePlus64 = [&](std::vector<float>& v) {
+      const size_t past = (4096 - reinterpret_cast<uintptr_t>(v.data()) % 4096) % 4096 + 64 + size_t(r) * offset % 1024;
+      return v.data() + past / sizeof(float);
+    };
+    float *const bufAt = atPagePlus64(bufMem), *const outAt = atPagePlus64(outMem);
+    const auto blocks = blocksAt<void*>(bufAt, ranks, block * sizeof(float));
+    const auto inputs = blocksAt<const void*>(bufAt, ranks, block * sizeof(float));
     Workspace ws;
     const ReduceFn fn = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
     const Deadline deadline = Clock::now() + std::chrono::minutes(5);
@@ -56,14 +68,14 @@ int main(int argc, char** argv) {
       if (i == ops / 4) start = Clock::now();
       Collective c{*g.devices[size_t(r)], kind, DataType::kFloat32, uint64_t(i + 1), deadline, 1 << 16, 2, ws};
       if (kind == OpKind::kAllreduce) {
-        allreduce(c, algo, buf.data(), count, fn);
+        allreduce(c, algo, bufAt, count, fn);
       } else if (kind == OpKind::kAllgather) {
         if (algo == Algorithm::kShm) shmAllgather(c, blocks[size_t(r)], blocks, block);
-        else allgather(c, buf.data(), block);
+        else allgather(c, bufAt, block);
       } else if (algo == Algorithm::kShm) {
-        shmReduceScatter(c, inputs, out.data(), block, fn);
+        shmReduceScatter(c, inputs, outAt, block, fn);
       } else {
-        reduceScatter(c, buf.data(), block, fn);
+        reduceScatter(c, bufAt, block, fn);
       }
     }
     const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / (ops - ops / 4);

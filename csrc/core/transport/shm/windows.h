@@ -47,7 +47,7 @@ class Device::Windows : public SharedWindows {
   void checkPeers(const std::function<bool()>& ready);
   // readPeer() without the bounce: process_vm_readv straight into `to`.
   void readRaw(int r, uint64_t address, char* to, size_t bytes);
-  static constexpr size_t kBouncePieceBytes = 64 << 10;
+  static constexpr size_t kBouncePieceBytes = 128 << 10;  // 16-32 KiB pieces cost more calls; 1 MiB no less
 
   Device& device_;
   std::vector<char*> areas_;
