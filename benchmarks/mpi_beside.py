@@ -12,10 +12,15 @@ with --gloo), in an order that alternates, every rank starting each block at
 an MPI barrier. A block lasts about --block-s; its time per op is the max
 over ranks. The table gives the median over rounds of each side's block
 time, and the median over rounds of the ratio of the two blocks of one
-round, which ran a fraction of a second apart.
+round, which ran a fraction of a second apart. With --floor every round also
+times each rank on a one-rank collx group of its own, all ranks at once (the
+per-call floor with every core busy, as small_op.py's "n=1 x2"), and the
+table adds collx's time beyond that floor over MPI's, paired per round
+(issue 35: at most 1 up to 64 KiB).
 
     .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_beside.py --op all_gather --sizes 64K,256K,1M --gloo
     .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/mpi_beside.py --op all_reduce
+    .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_beside.py --op reduce_scatter --sizes 4,4K,64K --floor
 
 Ops as vs_mpi.py sizes and calls them: all_reduce float32 SUM in place
 (MPI_Allreduce with MPI_IN_PLACE; dist.all_reduce), reduce_scatter and
@@ -77,6 +82,7 @@ def main():
     p.add_argument("--block-s", type=float, default=0.08, help="seconds per block, about")
     p.add_argument("--settle-s", type=float, default=10.0, help="most seconds of warm-up for auto to settle")
     p.add_argument("--gloo", action="store_true", help="a gloo block in every round too")
+    p.add_argument("--floor", action="store_true", help="a block of each rank's own one-rank collx group too")
     p.add_argument("--json", help="rank 0 writes its rows here")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
@@ -91,11 +97,14 @@ def main():
     groups = {"collx": dist.new_group(backend="collx")}
     if args.gloo:
         groups["gloo"] = dist.group.WORLD
+    solo = [dist.new_group(ranks=[r], backend="collx") for r in range(n)][rank] if args.floor else None
     rows = []
     for size in parse_sizes(args.sizes, "1G", 4):
         mpi, factor, right, _ = make_op(comm, args.op, size)
         calls = {"mpi": (mpi, lambda: (mpi(), right())[1])}
         calls.update({name: torch_call(g, args.op, size, n, rank) for name, g in groups.items()})
+        if solo:
+            calls["floor"] = torch_call(solo, args.op, size, 1, 0)
         for name, (_, first) in calls.items():
             if not comm.allreduce(bool(first()), op=MPI.LAND):
                 raise SystemExit(f"{name} returned a wrong {args.op} result at {size} B")
@@ -129,18 +138,23 @@ def main():
                "block_us": times,
                "median_us": {k: statistics.median(v) for k, v in times.items()},
                "collx_over_mpi_busbw": statistics.median(m / c for m, c in zip(times["mpi"], times["collx"]))}
-        row["busbw"] = {k: nbytes / us / 1e3 * factor for k, us in row["median_us"].items()}
+        row["busbw"] = {k: nbytes / us / 1e3 * factor for k, us in row["median_us"].items() if k != "floor"}
+        if solo:
+            row["beyond_floor_over_mpi"] = statistics.median(
+                (c - f) / m for c, f, m in zip(times["collx"], times["floor"], times["mpi"]))
         rows.append(row)
     if rank == 0:
         print(f"{args.op}, n={n}, float32; {args.rounds} rounds of alternating blocks (~{args.block_s} s each), "
               "us per op (max over ranks, median over rounds); busbw GB/s; the ratio is the median of each round's")
         print("| bytes | collx ran | collx us | MPI us |" + (" gloo us |" if args.gloo else "") +
+              (" floor us | (collx - floor)/MPI (paired) |" if solo else "") +
               " collx busbw | MPI busbw | busbw collx/MPI (paired) |")
-        print("|---" * (7 + args.gloo) + "|")
+        print("|---" * (7 + args.gloo + 2 * bool(solo)) + "|")
         for r in rows:
             m = r["median_us"]
             gloo = f" {m['gloo']:.1f} |" if args.gloo else ""
-            print(f"| {r['bytes']} | {', '.join(r['collx_ran'])} | {m['collx']:.1f} | {m['mpi']:.1f} |{gloo}"
+            floor = f" {m['floor']:.1f} | {r['beyond_floor_over_mpi']:.2f} |" if solo else ""
+            print(f"| {r['bytes']} | {', '.join(r['collx_ran'])} | {m['collx']:.1f} | {m['mpi']:.1f} |{gloo}{floor}"
                   f" {r['busbw']['collx']:.3f} | {r['busbw']['mpi']:.3f} | {r['collx_over_mpi_busbw']:.2f} |")
         if args.json:
             with open(args.json, "w") as f:
