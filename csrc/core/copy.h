@@ -15,7 +15,9 @@
 
 namespace collx {
 
-// Whether a copy from src to dst lands in the distance above; any CPU.
+// Whether a copy from src to dst lands in the distance above. The test is
+// the same on every CPU: the loop taken there is what memcpy itself runs
+// below `rep movsb`'s threshold, so a CPU without the crawl loses little.
 inline bool slowStringCopy(uintptr_t dst, uintptr_t src) {
   const uintptr_t ahead = (dst - src) % 4096;
   return ahead != 0 && ahead < 64;
@@ -24,7 +26,7 @@ inline bool slowStringCopy(uintptr_t dst, uintptr_t src) {
 constexpr size_t kSlowStringCopyMinBytes = 2048;
 
 // memcpy(dst, src, n) for buffers that do not overlap; at a slow distance,
-// a vector loop (AVX2) that stores aligned instead.
+// where the CPU has AVX2, a vector loop that stores aligned instead.
 void copyBytes(void* dst, const void* src, size_t n);
 
 // memmove(dst, src, n), as copyBytes where the buffers do not overlap.

@@ -1,7 +1,6 @@
 // The moving (non-reducing) collectives of CollxBackend: broadcast,
 // all_gather in its forms, gather, scatter, all_to_all.
 #include <algorithm>
-#include <cstring>
 
 #include "backend.h"
 #include "core/algorithms/tuning.h"

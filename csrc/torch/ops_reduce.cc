@@ -1,6 +1,5 @@
 // The reducing ops of CollxBackend: all_reduce (and its coalesced and
 // per-call-algorithm forms), reduce, reduce_scatter.
-#include <cstring>
 
 #include "backend.h"
 #include "core/algorithms/tuning.h"

@@ -9,7 +9,6 @@
 // The transport keeps each pair's messages in post order on both sides, so a
 // single step suffices and nothing waits on a round trip it does not need.
 #include <algorithm>
-#include <cstring>
 
 #include "../copy.h"
 #include "../error.h"

@@ -37,7 +37,6 @@
 // out, with no copy into or out of a window. One rank reduces each slice and
 // the others copy it, so every rank has the same bits.
 #include <algorithm>
-#include <cstring>
 
 #include "../copy.h"
 #include "algorithms.h"

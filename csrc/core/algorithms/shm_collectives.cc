@@ -39,7 +39,6 @@
 // Both orders of reduce-scatter add the same values in the same order, so
 // the result does not depend on which one ran.
 #include <algorithm>
-#include <cstring>
 
 #include "../copy.h"
 #include "../error.h"

@@ -1,9 +1,9 @@
 #include "ring.h"
 
-#include "../../copy.h"
-
 #include <algorithm>
 #include <cstring>
+
+#include "../../copy.h"
 
 namespace collx::shm {
 
