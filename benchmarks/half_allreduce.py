@@ -7,9 +7,11 @@ Each size is checked first (rank r contributes r+1; the sum n(n+1)/2 is
 exact in every dtype here), then float32, bfloat16 and float16 buffers of
 the same bytes take turns in shuffled rounds (bench_common.interleaved);
 the table gives each dtype's median turn, max over ranks, and its time over
-float32's (target <= 1.1).
+float32's (target <= 1.1). Before the turns, float32 ops run until auto has
+settled its choice for the size (at most --settle-s).
 """
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,7 @@ def main():
     p.add_argument("--sizes", default="64K,1M,16M")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--time-per-turn", type=float, default=0.1, help="seconds of ops per turn")
+    p.add_argument("--settle-s", type=float, default=10.0, help="most seconds of warm-up for auto to settle")
     args = p.parse_args()
     dist.init_process_group("gloo")
     group = dist.new_group(backend="collx")
@@ -40,6 +43,15 @@ def main():
             dist.all_reduce(t, group=group)
             assert bool((t == n * (n + 1) / 2).all()), f"{name} at {nbytes} B: wrong sum"
             bufs[name] = t
+        # auto settles its choice for the size (shared by the dtypes: it is keyed by bytes) before the turns.
+        backend = group._get_backend(torch.device("cpu"))
+        start = time.perf_counter()
+        while time.perf_counter() - start < args.settle_s:
+            run_ops(group, bufs["float32"], 20)
+            settling = torch.tensor([float(backend.refining(nbytes))])
+            dist.all_reduce(settling, op=dist.ReduceOp.MAX)
+            if not settling.item():
+                break
         # Ops per turn from float32's pace, alike on every rank.
         ts = run_ops(group, bufs["float32"], 5)
         per_op = torch.tensor([(ts[-1] - ts[0]) / 5])
