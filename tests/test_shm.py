@@ -243,9 +243,9 @@ def _at_page_offset(count, offset):
 def _collectives_at_odd_offsets(rank, ws):
     """all_reduce, all_gather_into_tensor, reduce_scatter_tensor and a
     coalesced all_reduce on views that start 4 + 12 * rank bytes past a page:
-    each rank's buffers lie 12 to 36 bytes from its peers' and from the
-    windows, modulo a page, where memcpy's `rep movsb` crawls on some CPUs and
-    collx copies otherwise (csrc/core/copy.h). Sizes through the windows, the
+    modulo a page, each rank's buffers lie 4 to 28 bytes past the windows and
+    12 or 24 from their peers', where memcpy's `rep movsb` crawls on some CPUs
+    and collx copies otherwise (csrc/core/copy.h). Sizes through the windows, the
     reads in place, and the all-reduce's own reads in place (5 MiB); on
     shared memory and on TCP. Integer-valued floats: sums are exact."""
     tcp = dist.new_group(backend="collx", pg_options=torchcollx.Options(transport="tcp"))
