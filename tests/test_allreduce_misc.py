@@ -212,7 +212,8 @@ def check_subgroup(rank, ws, fail):
 
 def check_singleton_group(rank, ws, fail):
     """A collx group of one rank: every op is local, but AVG still divides
-    (by 1) and PREMUL_SUM still scales."""
+    (by 1) and PREMUL_SUM still scales, the all-reduce's and the
+    reduce-scatter's alike."""
     for algo in ("ring", "tree", "star", "auto"):
         g = dist.new_group(ranks=[ws - 1], backend="collx", pg_options=torchcollx.Options(algorithm=algo))
         if rank != ws - 1:
@@ -232,6 +233,15 @@ def check_singleton_group(rank, ws, fail):
         dist.all_gather(out, torch.arange(9.0), group=g)
         if m := mismatch(out[0], torch.arange(9.0)):
             fail(f"size-1 {algo} group: all_gather: {m}")
+        for dtype, op in ((torch.float32, "SUM"), (torch.float64, "AVG"), (torch.float32, "PREMUL_SUM")):
+            x = gen(rank, dtype, op, 70001)  # past 64 KiB: a copy of its own
+            rs = torch.empty_like(x)
+            dist.reduce_scatter_tensor(rs, x, op=reduce_op(op), group=g)
+            want = x * 0.5 if op == "PREMUL_SUM" else x
+            if m := mismatch(rs, want):
+                fail(f"size-1 {algo} group: reduce_scatter_tensor {op} {dtype_name(dtype)}: {m}")
+            if m := mismatch(x, gen(rank, dtype, op, 70001)):
+                fail(f"size-1 {algo} group: reduce_scatter_tensor {op} changed its input: {m}")
         dist.barrier(group=g)
     dist.barrier(group=launcher.gloo())
 

@@ -171,6 +171,11 @@ static std::string reduceScatterInto(Workspace& copies, const Collective& c, con
     if (r.average) divideInPlace(dtype, out, count, c.size());
     return "reduce_scatter/shm";
   }
+  if (c.size() == 1) {  // the one block is the result: one copy, no private one
+    moveBytes(out, blocks[0], blockBytes);
+    withScaling(r, dtype, out, count, 1, [] {});
+    return "reduce_scatter/ring";
+  }
   char* work = copies.get(std::max<size_t>(1, blockBytes * size_t(c.size())));
   for (size_t q = 0; q < blocks.size(); ++q) copyBytes(work + q * blockBytes, blocks[q], blockBytes);
   withScaling(r, dtype, work, count * size_t(c.size()), c.size(), [&] { reduceScatter(c, work, count, r.fn); });
