@@ -8,8 +8,11 @@ twice against it. In each run, one collx group (auto, as users make it) does:
           ranks' skew after creation and the process's first call, not a size's;
   cold    at each size in turn, the first --ops all-reduces (dist.all_reduce),
           timed as a whole: what a short job or a user's benchmark pays;
-          then as many on each of the forced groups (one per algorithm,
-          torchcollx.Options(algorithm=...), set up with the auto group);
+          and as many on each of the forced groups (one per algorithm,
+          torchcollx.Options(algorithm=...), set up with the auto group),
+          after auto's at every other size and before it at the others
+          (which alternates from repeat to repeat): what runs a size first
+          pays the machine's first ops of it (caches, pages);
   settle  more ops of each size until auto stops refining (or --settle-s);
   warm    interleaved rounds of --ops ops each (fewer at large sizes): the
           auto group and the forced ones.
@@ -17,7 +20,7 @@ twice against it. In each run, one collx group (auto, as users make it) does:
 The table gives, per size and run, the medians over repeats of the cold
 mean per op over the warm one (target: the second run <= 1.1), of the
 cold mean over the best forced algorithm's warm time, and over its cold
-time (target <= 1.10): right after auto's cold ops of a size, each forced
+time (target <= 1.10): beside auto's cold ops of a size, each forced
 group runs as many ops of that size, in the same phase of the job, so that
 the job's own warming up (the machine's, the process's) weighs on both;
 "cold/kept cold" compares with the forced group of the algorithm auto kept,
@@ -83,14 +86,21 @@ def worker(args):
     def mean_us(ts):
         return agreed_max((ts[-1] - ts[0]) / args.ops * 1e6)
 
-    for b in sizes:  # cold: the first ops of each size, auto's, then each forced algorithm's
+    for i, b in enumerate(sizes):  # cold: the first ops of each size, auto's and each forced algorithm's
+        # Whatever runs a size first pays the machine's first ops of it
+        # (caches, pages): auto goes first at every other size, by --order,
+        # and the forced groups first at the others.
+        auto_first = (i + args.order) % 2 == 0
+        forced_cold = {} if auto_first else {a: mean_us(cold(groups[a], b)) for a in forced}
         before = torchcollx.get_stats(group)["algorithms"]
         ts = cold(group, b)
         gained = stats_gained(before, torchcollx.get_stats(group)["algorithms"])
-        row = {"bytes": b, "cold_us": mean_us(ts), "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
-               "cold_ops": {k: v for k, v in gained.items() if k.startswith("all_reduce/")},
-               "forced_cold_us": {a: mean_us(cold(groups[a], b)) for a in forced}}
-        rows.append(row)
+        if auto_first:
+            forced_cold = {a: mean_us(cold(groups[a], b)) for a in forced}
+        rows.append({"bytes": b, "cold_us": mean_us(ts), "first_op_us": agreed_max((ts[1] - ts[0]) * 1e6),
+                     "auto_first": auto_first,
+                     "cold_ops": {k: v for k, v in gained.items() if k.startswith("all_reduce/")},
+                     "forced_cold_us": forced_cold})
     for row in rows:  # settle: every rank stops at the same op, by the agreed flags
         b, start = row["bytes"], time.perf_counter()
         while True:
@@ -124,10 +134,10 @@ def trial_excess(ops, kept):
     return sum(v["seconds"] - v["calls"] * kept_s for a, v in ops.items() if a != f"all_reduce/{kept}") / kept_s
 
 
-def run_job(args, cache, out):
+def run_job(args, cache, order, out):
     return torchrun_json(Path(__file__).resolve(), args.ranks,
                          ["--worker", "--sizes", args.sizes, "--ops", str(args.ops), "--settle-s", str(args.settle_s),
-                          "--rounds", str(args.rounds)], out, env={"XDG_CACHE_HOME": cache})
+                          "--rounds", str(args.rounds), "--order", str(order)], out, env={"XDG_CACHE_HOME": cache})
 
 
 def main():
@@ -139,6 +149,7 @@ def main():
     p.add_argument("--rounds", type=int, default=5, help="interleaved warm rounds")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--first-only", action="store_true", help="run no second runs: only what the trials cost")
+    p.add_argument("--order", type=int, default=0, help="(worker) 1: the forced groups go first at even sizes")
     p.add_argument("--json", help="(worker) where rank 0 writes its rows")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -149,7 +160,7 @@ def main():
         for i in range(args.repeats):
             cache = tempfile.mkdtemp(dir=tmp)
             for label in runs:
-                runs[label].append(run_job(args, cache, f"{tmp}/{label}{i}.json"))
+                runs[label].append(run_job(args, cache, i % 2, f"{tmp}/{label}{i}.json"))
             print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr)
     last = list(runs.values())[-1][-1]["tuning"]
     print(f"n={args.ranks}, float32 SUM; first {args.ops} ops per size, cold; medians over {args.repeats} repeats; "

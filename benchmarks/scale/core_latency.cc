@@ -9,9 +9,12 @@
 //
 //   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
 //       [--op all_reduce|all_gather|reduce_scatter] [--read-peers 1|0] [--transport shm|tcp] [--offset 0]
+//       [--apart 0|1]
 //
 // --offset B moves rank r's buffers r * B bytes (modulo 1 KiB) further from their page
-// (benchmarks/page_offsets.py does so under torch).
+// (benchmarks/page_offsets.py does so under torch). --apart 1 gives an
+// all-gather its input in a buffer of its own, as all_gather_into_tensor
+// does (else it gathers in place, from its own block of the output).
 //
 // Prints ns per op, rank 0's, over the last three quarters of the ops.
 #include <cstdio>
@@ -26,7 +29,7 @@ int main(int argc, char** argv) {
   int ranks = 2, ops = 300000;
   size_t offset = 0;
   size_t bytes = 4;
-  bool readPeers = true;
+  bool readPeers = true, apart = false;
   std::string algorithm = "shm", transport = "shm", op = "all_reduce";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -38,6 +41,7 @@ int main(int argc, char** argv) {
     else if (k == "--op") op = v;
     else if (k == "--read-peers") readPeers = v != "0";
     else if (k == "--offset") offset = std::stoul(v);
+    else if (k == "--apart") apart = v != "0";
     else CHECK(false, "unknown argument ", k);
   }
   const Algorithm algo = parseAlgorithm(algorithm.c_str());
@@ -70,8 +74,9 @@ int main(int argc, char** argv) {
       if (kind == OpKind::kAllreduce) {
         allreduce(c, algo, bufAt, count, fn);
       } else if (kind == OpKind::kAllgather) {
-        if (algo == Algorithm::kShm) shmAllgather(c, blocks[size_t(r)], blocks, block);
-        else allgather(c, bufAt, block);
+        const void* in = apart ? outAt : blocks[size_t(r)];
+        if (algo == Algorithm::kShm) shmAllgather(c, in, blocks, block);
+        else allgather(c, in, blocks, block);
       } else if (algo == Algorithm::kShm) {
         shmReduceScatter(c, inputs, outAt, block, fn);
       } else {
