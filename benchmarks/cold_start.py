@@ -191,6 +191,15 @@ def main():
     for j, row in enumerate(runs["first"][0]["rows"]):
         xs = sorted(1 + r["rows"][j]["trial_excess_ops"] / args.ops for r in runs["first"])
         print(f"first run, {row['bytes']} B: x of each repeat " + ", ".join(f"{x:.3f}" for x in xs))
+    for label, reps in runs.items():  # the order's own effect: auto's ratio where it ran a size first, and after
+        for j, row in enumerate(reps[0]["rows"]):
+            by = {True: [], False: []}
+            for r in reps:
+                x = r["rows"][j]
+                by[x["auto_first"]].append(x["cold_us"] / x["forced_cold_us"].get(x["chose"], float("nan")))
+            print(f"{label} run, {row['bytes']} B: cold/kept cold with auto first "
+                  + ", ".join(f"{v:.2f}" for v in sorted(by[True])) + "; after the forced groups "
+                  + ", ".join(f"{v:.2f}" for v in sorted(by[False])))
     for label, reps in runs.items():
         print(f"{label} run: the group's first 4-byte all-reduce took "
               f"{statistics.median(r['group_first_us'] for r in reps):.0f} us (median)")
