@@ -70,13 +70,15 @@ $(VENV)/.bench: $(VENV)/.ready
 
 # collx beside MPI and gloo on one host, n=2 and n=4: in the same processes,
 # alternating blocks (benchmarks/mpi_beside.py), and in alternating jobs
-# (benchmarks/vs_mpi.py).
+# (benchmarks/vs_mpi.py); then the first ops of each size beside MPI's
+# (benchmarks/cold_beside_mpi.py).
 MPI_OPS := all_reduce reduce_scatter all_gather
 bench-mpi: build bench-setup
 	for n in 2 4; do for op in $(MPI_OPS); do \
 	  $(VENV)/bin/mpiexec -n $$n $(PY) benchmarks/mpi_beside.py --op $$op --gloo || exit 1; done; done
 	$(PY) benchmarks/vs_mpi.py --ranks 2
 	$(PY) benchmarks/vs_mpi.py --ranks 4
+	$(PY) benchmarks/cold_beside_mpi.py --ranks 2
 
 # PyTorch's own distributed suite (distributed_test.py in the wheel) on gloo and
 # on collx standing in for gloo, side by side per family, at n=2, 4 and 8 (n=8: torch
