@@ -66,11 +66,10 @@ def worker(args):
         zero()
         buf = torch.zeros(max(1, size // 4))
         calls[size] = {"mpi": mpi, "collx": lambda buf=buf: dist.all_reduce(buf, group=group)}
+    tiny = torch.zeros(1)
     make_op(comm, "all_reduce", 4)[0]()  # each side's first op of all, apart from any size's
     torch_call(group, "all_reduce", 4, n, rank)[0]()
-    dist.all_reduce(torch.zeros(1), group=line)
-
-    tiny = torch.zeros(1)
+    dist.all_reduce(tiny, group=line)
 
     def agreed(us):
         return comm.allreduce(us, op=MPI.MAX)
@@ -110,7 +109,7 @@ def worker(args):
         for name, good in ok.items():
             if not comm.allreduce(bool(good), op=MPI.LAND):
                 raise SystemExit(f"{name} returned a wrong all_reduce result at {size} B")
-        rows.append({"bytes": size, "first": order[0], "cold_us": cold,
+        rows.append({"bytes": size, "cold_us": cold,
                      "warm_us": {k: statistics.median(v) for k, v in warm.items()},
                      "settled": not refining(group, size)})
     if rank == 0:
