@@ -1,8 +1,9 @@
 // Byte copies (copy.h): copyBytes and moveBytes give memcpy's and memmove's
-// bytes at every page distance and size around the crawl's bounds, and the
-// shared-memory collectives give the right values where every rank's buffer
-// lies at its own page offset, which takes the vector copies and the
-// bounced reads in place.
+// bytes at every page distance and size around the crawl's bounds, and
+// streamBytes memcpy's around kStreamMinBytes; the shared-memory
+// collectives give the right values where every rank's buffer lies at its
+// own page offset, which takes the vector copies and the bounced reads in
+// place, and an all-gather whose own block is large enough to stream.
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -52,6 +53,45 @@ void testCopiesMatchLibc() {
       CHECK(a == b, "moveBytes of ", n, " bytes shifted by ", shift);
     }
   }
+}
+
+void testStreamMatchesLibc() {
+  const size_t big = kStreamMinBytes + 4096;
+  std::vector<char> src(big + 256), want(big + 256), got(big + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = char(i * 13 + (i >> 11));
+  for (size_t n : {size_t(70001), kStreamMinBytes - 1, kStreamMinBytes, kStreamMinBytes + 33}) {
+    for (size_t so : {size_t(0), size_t(5)}) {
+      for (size_t d : {size_t(0), size_t(1), size_t(17), size_t(32), size_t(45)}) {
+        std::fill(want.begin(), want.end(), char(0x5a));
+        std::fill(got.begin(), got.end(), char(0x5a));
+        std::memcpy(want.data() + d, src.data() + so, n);
+        streamBytes(got.data() + d, src.data() + so, n);
+        CHECK(want == got, "streamBytes of ", n, " bytes from offset ", so, " to ", d);
+      }
+    }
+  }
+}
+
+// An all-gather from inputs apart from the output, whose own block is
+// streamed into place: every element, and the inputs left as they were.
+void testAllgatherStreamsOwnBlock(bool readPeers) {
+  const int n = 2;
+  const size_t block = kStreamMinBytes / sizeof(int32_t) + 1001;
+  test::Group g(n, test::over(shm::Mode::kShm, readPeers));
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    AtOffset out(n * block * sizeof(int32_t), 64), in(block * sizeof(int32_t), 64 + size_t(r) * 20);
+    auto* got = reinterpret_cast<int32_t*>(out.at);
+    auto* mine = reinterpret_cast<int32_t*>(in.at);
+    for (size_t i = 0; i < block; ++i) mine[i] = int32_t(i % 1013) + 7 * r;
+    Collective c{*g.devices[size_t(r)], OpKind::kAllgather, DataType::kInt32, 1, Clock::now() + std::chrono::seconds(30),
+                 1 << 16, 2, ws};
+    shmAllgather(c, mine, blocksAt<void*>(got, n, block * sizeof(int32_t)), block);
+    for (size_t i = 0; i < n * block; ++i) {
+      CHECK(got[i] == int32_t(i % block % 1013) + 7 * int32_t(i / block), "all_gather rank ", r, " element ", i);
+    }
+    for (size_t i = 0; i < block; ++i) CHECK(mine[i] == int32_t(i % 1013) + 7 * r, "input rank ", r, " element ", i);
+  });
 }
 
 // Every rank's buffers at offset r * `step` in their pages: the peers'
@@ -104,6 +144,8 @@ void testCollectivesAtOddOffsets(bool readPeers, size_t step) {
 
 int main() {
   testCopiesMatchLibc();
+  testStreamMatchesLibc();
+  for (bool readPeers : {true, false}) testAllgatherStreamsOwnBlock(readPeers);
   for (bool readPeers : {true, false}) {
     for (size_t step : {size_t(4), size_t(16), size_t(64)}) testCollectivesAtOddOffsets(readPeers, step);
   }

@@ -116,8 +116,12 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
   auto block = [&](int r) { return static_cast<char*>(blocks[size_t(r)]); };
   const char* const mine = static_cast<const char*>(allgatherSource(in, blocks, me, blockCount * es));
   const size_t bytes = blockCount * es;
+  // No step of the op reads this rank's block of the output again: a large
+  // one bypasses the caches (streamBytes).
   auto placeMine = [&] {
-    if (bytes > 0 && block(me) != mine) moveBytes(block(me), mine, bytes);
+    if (bytes == 0 || block(me) == mine) return;
+    if (overlaps(block(me), mine, bytes)) return moveBytes(block(me), mine, bytes);
+    streamBytes(block(me), mine, bytes);
   };
 
   if (chunks.readsInPlace(PeerReads::kCopies) &&
