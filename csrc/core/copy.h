@@ -1,5 +1,5 @@
 // Byte copies for the collectives' data paths: memcpy, except where glibc's
-// memcpy would crawl.
+// memcpy would crawl, and large copies that the op does not read again.
 //
 // glibc copies from about 2 KiB up with `rep movsb`. On AMD Zen 3 (glibc
 // 2.36) `rep movsb` runs 15-35x slower when the destination lies 1 to 31
