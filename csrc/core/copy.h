@@ -36,8 +36,9 @@ void moveBytes(void* dst, const void* src, size_t n);
 // all-gather's own block) bypasses the caches: its destination would not
 // stay in them, and a non-temporal store saves reading each line before
 // writing it. 8 MiB is beyond a core's share of the last-level cache on
-// current x86 servers; copies of 2 MiB lost 2-7% this way, of 8-32 MiB
-// gained 15-28% (docs/measurements.md).
+// current x86 servers; an n=2 all-gather that streamed blocks of 2 MiB took
+// 2-7% longer, of 8 MiB mostly 15-29% less, of 32 MiB 7-25% less
+// (docs/measurements.md).
 constexpr size_t kStreamMinBytes = size_t(8) << 20;
 
 // copyBytes, with non-temporal stores from kStreamMinBytes where the CPU
