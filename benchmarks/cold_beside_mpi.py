@@ -29,7 +29,6 @@ Needs `make bench-setup`.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,19 +43,13 @@ from mpi4py import MPI
 
 from bench_common import parse_sizes
 from mpi_allreduce import make_op
-from mpi_beside import refining, torch_call
+from mpi_beside import init_beside_mpi, refining, torch_call
 
 
 def worker(args):
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
-    port = None
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    init_beside_mpi(comm)
     group = dist.new_group(backend="collx")
     line = dist.new_group(backend="collx")
     sizes = parse_sizes(args.sizes, "1G", 4)

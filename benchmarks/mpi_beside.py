@@ -65,6 +65,19 @@ def torch_call(group, op, size, n, rank):
     return point.run, lambda: point.check(check_non_root=True) is None
 
 
+def init_beside_mpi(comm):
+    """torch.distributed's default group (gloo) over the MPI job's ranks, on a
+    port rank 0 picks."""
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
+
+
 def block_us(comm, call, ops):
     """Per-op time of `ops` back-to-back calls, every rank starting at a barrier (this rank's)."""
     comm.Barrier()
@@ -87,13 +100,7 @@ def main():
     args = p.parse_args()
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
-    port = None
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    init_beside_mpi(comm)
     groups = {"collx": dist.new_group(backend="collx")}
     if args.gloo:
         groups["gloo"] = dist.group.WORLD
