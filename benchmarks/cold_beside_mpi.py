@@ -11,6 +11,10 @@ every process of one mpiexec job holds an MPI communicator and a collx group
   cold  the first --ops ops of the size on each side, one side right after
         the other (which goes first alternates from size to size, and from
         repeat to repeat), every rank starting each block at an MPI barrier;
+  next  as many ops again, right after each side's cold ones: warm ops (on
+        a second run auto starts from its saved choice) in the same speed
+        mode of the machine as the cold ones, which moves by 1.5-3x within
+        a minute;
   warm  after auto settles its choice for the size (at most --settle-s),
         --rounds rounds of one block of each side, in alternating order.
 
@@ -19,7 +23,8 @@ it: "first" (auto calibrates and runs its trials) and "second" (the same
 job again, from the choices the first one saved). The table gives, per run
 and size, the medians over repeats of each side's cold mean per op over its
 warm median, and of their quotient: collx's cold excess beyond what the
-machine charges MPI (target: the second run's collx cold/warm <= 1.1).
+machine charges MPI (target: the second run's collx cold/warm <= 1.1); and
+each side's cold over next.
 Times are per op, the max over ranks.
 
     .venv/bin/python benchmarks/cold_beside_mpi.py --ranks 2 --repeats 4
@@ -67,24 +72,33 @@ def worker(args):
     def agreed(us):
         return comm.allreduce(us, op=MPI.MAX)
 
-    def timed(size, name, ops):
-        """Per-op time of `ops` of a side's calls, max over ranks. The ranks
-        leave an MPI barrier up to milliseconds apart (n=4 on 2 cores), which
-        a block's first op would wait out: a collx block starts after two
-        small all-reduces on a collx group of their own, which line them up."""
+    def timed(size, name, ops, blocks=1):
+        """Per-op times of `blocks` back-to-back runs of `ops` of a side's
+        calls, max over ranks. The ranks leave an MPI barrier up to
+        milliseconds apart (n=4 on 2 cores), which a block's first op would
+        wait out: a collx block starts after two small all-reduces on a collx
+        group of their own, which line them up."""
         comm.Barrier()
         if name == "collx":
             for _ in range(2):
                 dist.all_reduce(tiny, group=line)
-        start = time.perf_counter()
-        for _ in range(ops):
-            calls[size][name]()
-        return agreed((time.perf_counter() - start) / ops * 1e6)
+        marks = [time.perf_counter()]
+        for _ in range(blocks):
+            for _ in range(ops):
+                calls[size][name]()
+            marks.append(time.perf_counter())
+        us = [agreed((b - a) / ops * 1e6) for a, b in zip(marks, marks[1:])]
+        return us if blocks > 1 else us[0]
 
     rows = []
     for i, size in enumerate(sizes):
         order = ["mpi", "collx"] if (i + args.order) % 2 == 0 else ["collx", "mpi"]
-        cold = {name: timed(size, name, args.ops) for name in order}
+        # The cold ops, then as many right after them: the next ones run in
+        # the same speed mode of the machine, which warm blocks seconds
+        # later need not (it moves by 1.5-3x within a minute).
+        cold, nxt = {}, {}
+        for name in order:
+            cold[name], nxt[name] = timed(size, name, args.ops, blocks=2)
         start = time.perf_counter()
         while comm.allreduce(refining(group, size) and time.perf_counter() - start < args.settle_s, op=MPI.LOR):
             for _ in range(20):
@@ -102,7 +116,7 @@ def worker(args):
         for name, good in ok.items():
             if not comm.allreduce(bool(good), op=MPI.LAND):
                 raise SystemExit(f"{name} returned a wrong all_reduce result at {size} B")
-        rows.append({"bytes": size, "cold_us": cold,
+        rows.append({"bytes": size, "cold_us": cold, "next_us": nxt,
                      "warm_us": {k: statistics.median(v) for k, v in warm.items()},
                      "settled": not refining(group, size)})
     if rank == 0:
@@ -145,12 +159,12 @@ def main():
     print(f"n={args.ranks}, float32 SUM all_reduce in place; first {args.ops} ops per size, cold; medians over "
           f"{args.repeats} repeats; us per op, max over ranks")
     print("| run | bytes | collx cold | collx warm | MPI cold | MPI warm | collx cold/warm | MPI cold/warm | "
-          "collx / MPI cold/warm | collx cold/warm, each repeat | settled |")
-    print("|---" * 11 + "|")
+          "collx / MPI cold/warm | collx cold/next | MPI cold/next | collx cold/warm, each repeat | settled |")
+    print("|---" * 13 + "|")
     for label, reps in runs.items():
         for j, row in enumerate(reps[0]):
-            def ratios(side):
-                return [r[j]["cold_us"][side] / r[j]["warm_us"][side] for r in reps]
+            def ratios(side, of="warm_us"):
+                return [r[j]["cold_us"][side] / r[j][of][side] for r in reps]
 
             def med(f):
                 return statistics.median(f(r[j]) for r in reps)
@@ -159,6 +173,8 @@ def main():
                   f"{med(lambda r: r['warm_us']['collx']):.1f} | {med(lambda r: r['cold_us']['mpi']):.1f} | "
                   f"{med(lambda r: r['warm_us']['mpi']):.1f} | {statistics.median(cx):.2f} | "
                   f"{statistics.median(mx):.2f} | {statistics.median(np.divide(cx, mx)):.2f} | "
+                  f"{statistics.median(ratios('collx', 'next_us')):.2f} | "
+                  f"{statistics.median(ratios('mpi', 'next_us')):.2f} | "
                   f"{', '.join(f'{x:.2f}' for x in cx)} | {sum(r[j]['settled'] for r in reps)}/{len(reps)} |")
 
 
