@@ -89,14 +89,14 @@ def run_ops(group, buf, k, algorithm=None):
     return ts
 
 
-def interleaved(turns, rounds):
+def interleaved_turns(turns, rounds):
     """turns: {name: fn() -> seconds per op of one timed turn}. In each of
     `rounds` rounds every name takes a turn, in a new order each round,
     alike on every rank: the state one turn leaves lasts into the next one,
     and a rotation keeps every name behind the same one (n=3, 64 KiB: two
     ring groups, behind direct and behind tree, measured 151 and 167 us
-    rotated, 138 and 139 us shuffled). Returns {name: its median turn's time
-    per op, max over ranks}, in seconds."""
+    rotated, 138 and 139 us shuffled). Returns {name: [each round's turn,
+    time per op, max over ranks]}, in seconds."""
     names = list(turns)
     per_round = {n: [] for n in names}
     for rnd in range(rounds):
@@ -104,7 +104,20 @@ def interleaved(turns, rounds):
         random.Random(rnd).shuffle(order)
         for n in order:
             per_round[n].append(turns[n]())
-    return dict(zip(names, agreed_max(*[statistics.median(per_round[n]) for n in names])))
+    flat = agreed_max(*[t for n in names for t in per_round[n]], 0.0)  # a list, even of one turn
+    return {n: flat[i * rounds:(i + 1) * rounds] for i, n in enumerate(names)}
+
+
+def interleaved(turns, rounds):
+    """interleaved_turns(); {name: its median turn}."""
+    return {n: statistics.median(ts) for n, ts in interleaved_turns(turns, rounds).items()}
+
+
+def paired_ratio(turns, name, of):
+    """The median over rounds of name's turn over `of`'s in the same round
+    (interleaved_turns' lists): a ratio that a change of the machine's speed
+    mode between rounds leaves as it is."""
+    return statistics.median(a / b for a, b in zip(turns[name], turns[of]))
 
 
 def interleaved_medians(groups, buf, rounds, k):

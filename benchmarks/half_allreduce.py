@@ -7,17 +7,20 @@ Each size is checked first (rank r contributes r+1; the sum n(n+1)/2 is
 exact in every dtype here), then float32, bfloat16 and float16 buffers of
 the same bytes take turns in shuffled rounds (bench_common.interleaved);
 the table gives each dtype's median turn, max over ranks, and its time over
-float32's (target <= 1.1). Before the turns, float32 ops run until auto has
+float32's (target <= 1.1); "paired", the median over rounds of its turn over
+float32's turn of the same round, which the machine's speed modes (1.5-3x,
+for seconds at a time) move less. Before the turns, float32 ops run until auto has
 settled its choice for the size (at most --settle-s).
 """
 import argparse
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 import torchcollx  # noqa: F401  (registers the collx backend)
-from bench_common import interleaved, parse_size, run_ops
+from bench_common import interleaved_turns, paired_ratio, parse_size, run_ops
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,8 +37,9 @@ def main():
     rank, n = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         print(f"n={n}, SUM in place, equal bytes per dtype; median of {args.rounds} interleaved turns, max over ranks")
-        print("| bytes | float32 us | bfloat16 us | float16 us | bf16/fp32 | fp16/fp32 |")
-        print("|---|---|---|---|---|---|")
+        print("| bytes | float32 us | bfloat16 us | float16 us | bf16/fp32 | fp16/fp32 | bf16/fp32 paired | "
+              "fp16/fp32 paired |")
+        print("|---" * 8 + "|")
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
         bufs = {}
         for name, dt in DTYPES.items():
@@ -62,10 +66,11 @@ def main():
             run_ops(group, buf, 1)
             ts = run_ops(group, buf, k)
             return (ts[-1] - ts[0]) / k
-        times = interleaved({name: (lambda b=b: turn(b)) for name, b in bufs.items()}, args.rounds)
+        turns = interleaved_turns({name: (lambda b=b: turn(b)) for name, b in bufs.items()}, args.rounds)
         if rank == 0:
-            f32, bf, fp = (times[d] * 1e6 for d in DTYPES)
-            print(f"| {nbytes} | {f32:.1f} | {bf:.1f} | {fp:.1f} | {bf / f32:.2f} | {fp / f32:.2f} |")
+            f32, bf, fp = (statistics.median(turns[d]) * 1e6 for d in DTYPES)
+            print(f"| {nbytes} | {f32:.1f} | {bf:.1f} | {fp:.1f} | {bf / f32:.2f} | {fp / f32:.2f} | "
+                  f"{paired_ratio(turns, 'bfloat16', 'float32'):.2f} | {paired_ratio(turns, 'float16', 'float32'):.2f} |")
     dist.destroy_process_group()
 
 
