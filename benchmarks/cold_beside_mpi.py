@@ -85,8 +85,7 @@ def worker(args):
             for _ in range(ops):
                 calls[size][name]()
             marks.append(time.perf_counter())
-        us = [agreed((b - a) / ops * 1e6) for a, b in zip(marks, marks[1:])]
-        return us if blocks > 1 else us[0]
+        return [agreed((b - a) / ops * 1e6) for a, b in zip(marks, marks[1:])]
 
     rows = []
     for i, size in enumerate(sizes):
@@ -107,7 +106,7 @@ def worker(args):
         warm = {name: [] for name in order}
         for r in range(args.rounds):
             for name in (order if r % 2 else order[::-1]):
-                warm[name].append(timed(size, name, ops[name]))
+                warm[name].append(timed(size, name, ops[name])[0])
         mpi, _, right, _ = make_op(comm, "all_reduce", size)  # the results, from known values
         mpi()
         ok = {"mpi": right(), "collx": torch_call(group, "all_reduce", size, n, rank)[1]()}

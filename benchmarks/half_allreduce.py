@@ -5,12 +5,12 @@ fp16 at the float32 byte rate), on one collx group (auto), in place, SUM.
 
 Each size is checked first (rank r contributes r+1; the sum n(n+1)/2 is
 exact in every dtype here), then float32, bfloat16 and float16 buffers of
-the same bytes take turns in shuffled rounds (bench_common.interleaved);
+the same bytes take turns in shuffled rounds (bench_common.interleaved_turns);
 the table gives each dtype's median turn, max over ranks, and its time over
 float32's (target <= 1.1); "paired", the median over rounds of its turn over
 float32's turn of the same round, which the machine's speed modes (1.5-3x,
-for seconds at a time) move less. Before the turns, float32 ops run until auto has
-settled its choice for the size (at most --settle-s).
+for seconds at a time) move less. Before the turns, float32 ops run until
+auto has settled its choice for the size (at most --settle-s).
 """
 import argparse
 import statistics
