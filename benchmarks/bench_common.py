@@ -8,6 +8,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,6 +142,22 @@ def launch_json(cmd, out, env=None):
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
     return json.loads(Path(out).read_text())
+
+
+def cache_runs(repeats, job, labels=("first", "second")):
+    """A job run against fresh calibration caches: each repeat makes a cache
+    of its own (a folder for XDG_CACHE_HOME) and runs job(cache, order, out)
+    once per label in turn, "first" calibrating and saving auto's choices and
+    "second" starting from them; `order` (the repeat's parity) alternates.
+    Returns {label: [job's result, one per repeat]}."""
+    runs = {label: [] for label in labels}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):
+            cache = tempfile.mkdtemp(dir=tmp)
+            for label in labels:
+                runs[label].append(job(cache, i % 2, f"{tmp}/{label}{i}.json"))
+            print(f"repeat {i + 1}/{repeats} done", file=sys.stderr)
+    return runs
 
 
 def torchrun_json(script, n, args, out, env=None):

@@ -35,7 +35,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +43,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from bench_common import launch_json, parse_sizes
+from bench_common import cache_runs, launch_json, parse_sizes
 from mpi_allreduce import make_op
 from mpi_beside import init_beside_mpi, refining, torch_call
 
@@ -142,13 +141,7 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    runs = {"first": [], "second": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeats):
-            cache = tempfile.mkdtemp(dir=tmp)
-            for label in runs:
-                runs[label].append(run_job(args, cache, i % 2, f"{tmp}/{label}{i}.json"))
-            print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr)
+    runs = cache_runs(args.repeats, lambda cache, order, out: run_job(args, cache, order, out))
     print(f"n={args.ranks}, float32 SUM all_reduce in place; first {args.ops} ops per size, cold; medians over "
           f"{args.repeats} repeats; us per op, max over ranks")
     print("| run | bytes | collx cold | collx warm | MPI cold | MPI warm | collx cold/warm | MPI cold/warm | "

@@ -44,8 +44,6 @@ moves with the machine's spells, so each repeat's is listed too, and
 import argparse
 import json
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,7 +51,8 @@ import torch
 import torch.distributed as dist
 
 import torchcollx
-from bench_common import agreed_max, interleaved_medians, parse_size, run_ops, stats_gained, torchrun_json
+from bench_common import (agreed_max, cache_runs, interleaved_medians, parse_size, run_ops, stats_gained,
+                          torchrun_json)
 
 
 def worker(args):
@@ -155,13 +154,8 @@ def main():
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    runs = {"first": []} if args.first_only else {"first": [], "second": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeats):
-            cache = tempfile.mkdtemp(dir=tmp)
-            for label in runs:
-                runs[label].append(run_job(args, cache, i % 2, f"{tmp}/{label}{i}.json"))
-            print(f"repeat {i + 1}/{args.repeats} done", file=sys.stderr)
+    runs = cache_runs(args.repeats, lambda cache, order, out: run_job(args, cache, order, out),
+                      ("first",) if args.first_only else ("first", "second"))
     last = list(runs.values())[-1][-1]["tuning"]
     print(f"n={args.ranks}, float32 SUM; first {args.ops} ops per size, cold; medians over {args.repeats} repeats; "
           "us per op, max over ranks")
