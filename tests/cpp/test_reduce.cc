@@ -2,7 +2,9 @@
 // plus the errors for meaningless combinations.
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <random>
+#include <vector>
 
 #include "../../csrc/core/error.h"
 #include "../../csrc/core/reduce/reduce.h"
@@ -122,6 +124,38 @@ void checkHalfRounding(DataType dt, uint16_t (*round)(float), float (*dec)(uint1
   }
 }
 
+// fused() in each of its forms (in place with a copy, apart, apart with a
+// copy), by cpuReduceFn's kernel and by the copies around a plain fn, gives
+// the bytes of the plain fn, and leaves its inputs as they were.
+void checkFused(DataType dt, ReduceOp op) {
+  const size_t es = elementSize(dt);
+  std::mt19937 rng(11);
+  const ReduceFn kernel = cpuReduceFn(dt, op);
+  const ReduceFn plain = [kernel](void* dst, const void* src, size_t count) { kernel(dst, src, count); };
+  for (size_t n : {1, 7, 16, 17, 255, 257, 1003}) {
+    std::vector<uint8_t> a(n * es), b(n * es);
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = uint8_t(dt == DataType::kBool ? rng() % 2 : rng());
+      b[i] = uint8_t(dt == DataType::kBool ? rng() % 2 : rng());
+    }
+    std::vector<uint8_t> want = a;
+    kernel(want.data(), b.data(), n);
+    for (const ReduceFn* fn : {&kernel, &plain}) {
+      const char* how = fn == &kernel ? "kernel" : "plain";
+      std::vector<uint8_t> out = a, copy(a.size());
+      fn->fused(out.data(), out.data(), b.data(), copy.data(), n, es);
+      CHECK(out == want && copy == want, name(dt), " ", name(op), " n=", n, " ", how, ": in place with a copy");
+      std::fill(out.begin(), out.end(), 0);
+      fn->fused(out.data(), a.data(), b.data(), nullptr, n, es);
+      CHECK(out == want, name(dt), " ", name(op), " n=", n, " ", how, ": apart");
+      std::fill(out.begin(), out.end(), 0);
+      std::fill(copy.begin(), copy.end(), 0);
+      fn->fused(out.data(), a.data(), b.data(), copy.data(), n, es);
+      CHECK(out == want && copy == want, name(dt), " ", name(op), " n=", n, " ", how, ": apart with a copy");
+    }
+  }
+}
+
 bool throws(const std::function<void()>& fn) {
   try { fn(); } catch (const Error&) { return true; }
   return false;
@@ -140,6 +174,16 @@ int main() {
   checkHalf(DataType::kFloat16, f16Enc, f16Dec);
   checkHalfRounding(DataType::kBFloat16, bf16Round, bf16Dec);
   checkHalfRounding(DataType::kFloat16, f16Enc, f16Dec);
+  for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16, DataType::kInt8,
+                      DataType::kUInt8, DataType::kInt32, DataType::kInt64, DataType::kBool}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kBand,
+                        ReduceOp::kBor, ReduceOp::kBxor}) {
+      if (!isFloating(dt) || op == ReduceOp::kSum || op == ReduceOp::kProduct || op == ReduceOp::kMin ||
+          op == ReduceOp::kMax) {
+        checkFused(dt, op);
+      }
+    }
+  }
 
   // bool: SUM/MAX are OR, PRODUCT/MIN are AND, results stay 0/1.
   uint8_t x[4] = {0, 0, 1, 1}, y[4] = {0, 1, 0, 1};

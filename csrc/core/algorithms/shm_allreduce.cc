@@ -7,7 +7,8 @@
 //     1. copy the peers' slices of my chunk into my half (my own slice
 //        only I read); post
 //     2. reduce my slice in the buffer itself, in rank order, from the same
-//        slice of every peer's half; copy the result into my half; reduced
+//        slice of every peer's half, the last pass writing the result into
+//        my half as well; reduced
 //     3. copy every peer's reduced slice into the buffer; gathered
 //
 //   rank 0 window  [ s0 | s1 | s2 ]   rank 1 reduces s1 of its buffer with s1
@@ -65,7 +66,7 @@ void allreduceInPlace(ShmChunks& chunks, const Collective& c, char* buf, size_t 
     // The peers read slice r of this chunk to reduce it, then this slice.
     chunks.exposed((len - (hi - lo) + size_t(n - 1) * (hi - lo)) * es);
     for (int r = 0; r < n; ++r) {
-      if (r != me) chunks.readReduce(r, 0, lo * es, part + lo * es, hi - lo, fn);
+      if (r != me) chunks.readReduce(r, 0, lo * es, part + lo * es, hi - lo, fn, part + lo * es);
     }
     chunks.reduced();
     for (int i = 1; i < n; ++i) {
@@ -111,10 +112,11 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
     copyBytes(half + hi * es, part + hi * es, (len - hi) * es);
     chunks.post();
     if (hi > lo) {
+      const int last = me == n - 1 ? n - 2 : n - 1;  // the last peer's sum goes into my half too
+      char* const slice = part + lo * es;
       for (int r = 0; r < n; ++r) {
-        if (r != me) fn(part + lo * es, chunks.half(r) + lo * es, hi - lo);
+        if (r != me) fn.fused(slice, slice, chunks.half(r) + lo * es, r == last ? half + lo * es : nullptr, hi - lo, es);
       }
-      copyBytes(half + lo * es, part + lo * es, (hi - lo) * es);
     }
     chunks.reduced();
     for (int r = 0; r < n; ++r) {

@@ -91,7 +91,8 @@ void ShmChunks::postAddresses(const void* const* addresses, size_t count) {
   for (size_t i = 0; i < count; ++i) table[i] = uint64_t(uintptr_t(addresses[i]));
 }
 
-void ShmChunks::readReduce(int r, size_t i, size_t offset, char* dst, size_t count, ReduceFn fn) {
+void ShmChunks::readReduce(int r, size_t i, size_t offset, char* dst, size_t count, const ReduceFn& fn,
+                           const char* from) {
   // Per thread, apart from the group's workspace, which the caller's data
   // may lie in. Each piece lands at its source's page offset, where the
   // kernel's copy does not crawl (copy.h); pieces are whole pages.
@@ -102,7 +103,7 @@ void ShmChunks::readReduce(int r, size_t i, size_t offset, char* dst, size_t cou
   for (size_t done = 0; done < count; done += pieceElems) {
     const size_t len = std::min(pieceElems, count - done);
     read(r, i, offset + done * es, at, len * es);
-    fn(dst + done * es, at, len);
+    fn.fused(dst + done * es, from + done * es, at, nullptr, len, es);
   }
 }
 

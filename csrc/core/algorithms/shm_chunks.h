@@ -111,10 +111,11 @@ class ShmChunks {
   void read(int r, size_t i, size_t offset, void* dst, size_t bytes) {
     w_.readPeer(r, reinterpret_cast<const uint64_t*>(half(r))[i] + offset, dst, bytes);
   }
-  // dst[0, count) = fn(dst, the `count` elements from `offset` bytes past
-  // rank r's i-th address), read kReadPieceBytes at a time into a scratch
-  // of this thread's, which stays in cache while it is reduced.
-  void readReduce(int r, size_t i, size_t offset, char* dst, size_t count, ReduceFn fn);
+  // dst[0, count) = op(from[0, count), the `count` elements from `offset`
+  // bytes past rank r's i-th address), read kReadPieceBytes at a time into a
+  // scratch of this thread's, which stays in cache while it is reduced.
+  // `from` is dst, or apart from it.
+  void readReduce(int r, size_t i, size_t offset, char* dst, size_t count, const ReduceFn& fn, const char* from);
   static constexpr size_t kReadPieceBytes = 128 << 10;
 
  private:

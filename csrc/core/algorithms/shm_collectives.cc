@@ -13,8 +13,9 @@
 //
 //   reduce-scatter (n blocks in; rank r writes the sum of block r out)
 //     1. post the addresses of my n blocks
-//     2. out = my block me; then for every peer in rank order, out += its
-//        block me (ShmChunks::readReduce, a piece at a time)
+//     2. for every peer in rank order, out = (my block me, then out) + its
+//        block me (ShmChunks::readReduce, a piece at a time): my block goes
+//        into the sum in the pass of the first peer's, not in a copy
 //
 //   all-gather (rank r's block from its `in` into blocks[r] everywhere)
 //     1. post the address of my block
@@ -25,7 +26,7 @@
 //   reduce-scatter
 //     1. copy piece j of every block j != me into my half; post
 //     2. out's piece = my block's piece + piece me of every peer's half,
-//        in rank order
+//        in rank order, the first sum in one pass over three operands
 //
 //   all-gather
 //     1. copy a piece of my block into my half; post
@@ -54,6 +55,15 @@ namespace {
 // cores (docs/measurements.md).
 constexpr size_t kReadInPlaceMaxBlockBytes = 1 << 20;
 
+// What a reduce-scatter's first reduction reads as this rank's part of the
+// sum, written to `dst` with the first peer's in one pass: `own`, or dst
+// once own is moved there (where the two overlap, or no peer is there to sum).
+const char* firstOperand(char* dst, const char* own, size_t bytes, int n) {
+  if (dst == own || (n > 1 && !overlaps(dst, own, bytes))) return own;
+  moveBytes(dst, own, bytes);
+  return dst;
+}
+
 void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vector<const void*>& blocks, char* out,
                           size_t blockCount, ReduceFn fn) {
   const int n = c.size(), me = c.rank();
@@ -66,9 +76,12 @@ void reduceScatterInPlace(ShmChunks& chunks, const Collective& c, const std::vec
   char* const dst = outApart ? out : apart.data();
   chunks.exposed(bytes * size_t(n - 1));
   chunks.readInPlace(blocks.data(), blocks.size(), [&] {
-    if (bytes > 0 && dst != blocks[size_t(me)]) moveBytes(dst, blocks[size_t(me)], bytes);
+    const char* sum = firstOperand(dst, static_cast<const char*>(blocks[size_t(me)]), bytes, n);
     for (int r = 0; r < n; ++r) {
-      if (r != me) chunks.readReduce(r, size_t(me), 0, dst, blockCount, fn);
+      if (r != me) {
+        chunks.readReduce(r, size_t(me), 0, dst, blockCount, fn, sum);
+        sum = dst;
+      }
     }
   }, [] {});
   if (!outApart && bytes > 0) copyBytes(out, dst, bytes);
@@ -100,10 +113,13 @@ void shmReduceScatter(const Collective& c, const std::vector<const void*>& block
       if (r != me) copyBytes(chunks.half(me) + size_t(r) * len * es, block(r) + done * es, len * es);
     }
     chunks.post();
-    char* dst = result + done * es;
-    if (dst != block(me) + done * es) copyBytes(dst, block(me) + done * es, len * es);
+    char* const dst = result + done * es;
+    const char* sum = firstOperand(dst, block(me) + done * es, len * es, n);
     for (int r = 0; r < n; ++r) {
-      if (r != me && len > 0) fn(dst, chunks.half(r) + size_t(me) * len * es, len);
+      if (r != me && len > 0) {
+        fn.fused(dst, sum, chunks.half(r) + size_t(me) * len * es, nullptr, len, es);
+        sum = dst;
+      }
     }
     chunks.moved(size_t(n - 1) * len * es, size_t(n - 1) * len * es);
   });

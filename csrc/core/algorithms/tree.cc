@@ -54,7 +54,7 @@ void treePass(const Collective& c, char* buf, size_t count, int root, int arity,
     for (int child : node.children) t.postSend(child, c.frame(kDown | uint32_t(j)), p, bytes, cookie(kSend, j));
   };
 
-  const bool up = fn != nullptr;
+  const bool up = bool(fn);
   char* scratch = up ? c.workspace.get(kWindow * kids * segBytes) : nullptr;
   auto slot = [&](size_t j, size_t k) { return scratch + ((j % kWindow) * kids + k) * segBytes; };
   std::vector<size_t> arrived(up ? m : 0);  // children whose segment j is in scratch

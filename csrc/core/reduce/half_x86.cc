@@ -47,43 +47,54 @@ struct Bf16 {
     return _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
   }
   template <ReduceOp Op>
-  COLLX_AVX2 static void reduce(uint16_t* dst, const uint16_t* src) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dst));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  COLLX_AVX2 static __m256i reduce(const uint16_t* x, const uint16_t* y) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
     const __m256 even =
         apply<Op>(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)));
     const __m256 odd = apply<Op>(_mm256_castsi256_ps(high(a)), _mm256_castsi256_ps(high(b)));
     // The even results' high halves shifted down, beside the odd results'
     // high halves: one blend of 16-bit lanes.
-    const __m256i out = _mm256_blend_epi16(_mm256_srli_epi32(round<Op>(even), 16), round<Op>(odd), 0xaa);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), out);
+    return _mm256_blend_epi16(_mm256_srli_epi32(round<Op>(even), 16), round<Op>(odd), 0xaa);
   }
+  COLLX_AVX2 static void store(uint16_t* at, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), v); }
 };
 
 struct F16 {
   static constexpr int kWidth = 8;
   template <ReduceOp Op>
-  COLLX_AVX2 static void reduce(uint16_t* dst, const uint16_t* src) {
-    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dst)));
-    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(apply<Op>(a, b), _MM_FROUND_TO_NEAREST_INT));
+  COLLX_AVX2 static __m128i reduce(const uint16_t* x, const uint16_t* y) {
+    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y)));
+    return _mm256_cvtps_ph(apply<Op>(a, b), _MM_FROUND_TO_NEAREST_INT);
   }
+  COLLX_AVX2 static void store(uint16_t* at, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(at), v); }
 };
 
-template <typename Format, ReduceOp Op>
-COLLX_AVX2 size_t reduceLoop(uint16_t* dst, const uint16_t* src, size_t n) {
+// Each vector is loaded before it is stored, so out may be a.
+template <typename Format, ReduceOp Op, bool kCopy>
+COLLX_AVX2 size_t reduceLoop(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n) {
   size_t i = 0;
-  for (; i + Format::kWidth <= n; i += Format::kWidth) Format::template reduce<Op>(dst + i, src + i);
+  for (; i + Format::kWidth <= n; i += Format::kWidth) {
+    const auto v = Format::template reduce<Op>(a + i, b + i);
+    Format::store(out + i, v);
+    if constexpr (kCopy) Format::store(copy + i, v);
+  }
   return i;
 }
 
+template <typename Format, ReduceOp Op>
+size_t reduceOp(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n) {
+  return copy ? reduceLoop<Format, Op, true>(out, a, b, copy, n) : reduceLoop<Format, Op, false>(out, a, b, copy, n);
+}
+
 template <typename Format>
-size_t reduce(uint16_t* dst, const uint16_t* src, size_t n, ReduceOp op) {
+size_t reduce(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return reduceLoop<Format, ReduceOp::kSum>(dst, src, n);
-    case ReduceOp::kProduct: return reduceLoop<Format, ReduceOp::kProduct>(dst, src, n);
-    case ReduceOp::kMin: return reduceLoop<Format, ReduceOp::kMin>(dst, src, n);
-    case ReduceOp::kMax: return reduceLoop<Format, ReduceOp::kMax>(dst, src, n);
+    case ReduceOp::kSum: return reduceOp<Format, ReduceOp::kSum>(out, a, b, copy, n);
+    case ReduceOp::kProduct: return reduceOp<Format, ReduceOp::kProduct>(out, a, b, copy, n);
+    case ReduceOp::kMin: return reduceOp<Format, ReduceOp::kMin>(out, a, b, copy, n);
+    case ReduceOp::kMax: return reduceOp<Format, ReduceOp::kMax>(out, a, b, copy, n);
     default: return 0;
   }
 }
@@ -93,14 +104,18 @@ const bool kAvailable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports
 }  // namespace
 
 bool available() { return kAvailable; }
-size_t reduceBf16(uint16_t* dst, const uint16_t* src, size_t n, ReduceOp op) { return reduce<Bf16>(dst, src, n, op); }
-size_t reduceF16(uint16_t* dst, const uint16_t* src, size_t n, ReduceOp op) { return reduce<F16>(dst, src, n, op); }
+size_t reduceBf16(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op) {
+  return reduce<Bf16>(out, a, b, copy, n, op);
+}
+size_t reduceF16(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
+  return reduce<F16>(out, a, b, nullptr, n, op);
+}
 
 #else
 
 bool available() { return false; }
-size_t reduceBf16(uint16_t*, const uint16_t*, size_t, ReduceOp) { return 0; }
-size_t reduceF16(uint16_t*, const uint16_t*, size_t, ReduceOp) { return 0; }
+size_t reduceBf16(uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, size_t, ReduceOp) { return 0; }
+size_t reduceF16(uint16_t*, const uint16_t*, const uint16_t*, size_t, ReduceOp) { return 0; }
 
 #endif
 

@@ -15,10 +15,11 @@ namespace collx::half_x86 {
 // Whether this CPU runs them (checked once).
 bool available();
 
-// dst[i] = op(dst[i], src[i]) for op SUM, PRODUCT, MIN or MAX, over the
-// whole vectors of the first n elements; returns how many it did (0 for
-// other ops).
-size_t reduceBf16(uint16_t* dst, const uint16_t* src, size_t n, ReduceOp op);
-size_t reduceF16(uint16_t* dst, const uint16_t* src, size_t n, ReduceOp op);
+// out[i] = op(a[i], b[i]) for op SUM, PRODUCT, MIN or MAX, over the whole
+// vectors of the first n elements; returns how many it did (0 for other
+// ops). out is a, or apart from it; nothing else overlaps. The bfloat16 one
+// also stores each result in copy[i] where copy is not null.
+size_t reduceBf16(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op);
+size_t reduceF16(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op);
 
 }  // namespace collx::half_x86

@@ -4,15 +4,45 @@
 
 #include <cstddef>
 #include <functional>
+#include <type_traits>
 
 #include "../types.h"
 
 namespace collx {
 
-// dst[i] = op(dst[i], src[i]) for i < count. dst and src do not overlap.
-// A std::function so the glue can hand in a reduction that runs elsewhere
-// (the CUDA staging path offloads large ones to the GPU).
-using ReduceFn = std::function<void(void* dst, const void* src, size_t count)>;
+// A reduction: fn(dst, src, count) sets dst[i] = op(dst[i], src[i]) for
+// i < count; dst and src do not overlap. It holds a std::function so that the
+// glue can hand in one that runs elsewhere (the CUDA staging path offloads
+// large ones to the GPU). cpuReduceFn's also have a kernel over three
+// operands (fused()), which saves the shared-memory collectives a pass over
+// the data: the copy of a reduce-scatter's own block, and for 16-bit floats
+// the copy of an all-reduce's sums into the window.
+class ReduceFn {
+ public:
+  using Fn = std::function<void(void* dst, const void* src, size_t count)>;
+  // out[i] = op(a[i], b[i]), and copy[i] = out[i] where copy is not null.
+  using Kernel = void (*)(void* out, const void* a, const void* b, void* copy, size_t count);
+
+  ReduceFn() = default;
+  ReduceFn(std::nullptr_t) {}
+  template <class F, class = std::enable_if_t<std::is_invocable_v<F&, void*, const void*, size_t> &&
+                                              !std::is_same_v<std::decay_t<F>, ReduceFn>>>
+  ReduceFn(F fn) : fn_(std::move(fn)) {}
+  explicit ReduceFn(Kernel kernel);
+
+  void operator()(void* dst, const void* src, size_t count) const { fn_(dst, src, count); }
+  explicit operator bool() const { return bool(fn_); }
+
+  // out = op(a, b), then copy = out where copy is not null, for `count`
+  // elements of `elementSize` bytes. out is a, or apart from it; nothing
+  // else overlaps. In one pass where this reduction has a kernel, else by
+  // copies around fn.
+  void fused(void* out, const void* a, const void* b, void* copy, size_t count, size_t elementSize) const;
+
+ private:
+  Fn fn_;
+  Kernel kernel_ = nullptr;
+};
 
 // Throws Error for combinations that have no meaning (bitwise op on floats).
 ReduceFn cpuReduceFn(DataType dtype, ReduceOp op);

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "../copy.h"
 #include "../error.h"
 #include "half_x86.h"
 #include "reduce.h"
@@ -165,67 +166,90 @@ COLLX_MULTIVERSION void narrow(const float* __restrict in, BF16* __restrict out,
   for (size_t i = 0; i < n; ++i) out[i] = fromFloat(in[i], BF16{});
 }
 
+// out[i] = op(a[i], b[i]): flat loops over __restrict pointers that the
+// compiler vectorises. out == a takes a loop of its own, since __restrict
+// pointers may not alias.
 template <typename T, typename Op>
-void reduceLoop(void* dstv, const void* srcv, size_t n) {
-  auto* __restrict dst = static_cast<T*>(dstv);
-  const auto* __restrict src = static_cast<const T*>(srcv);
+void inPlaceLoop(T* __restrict dst, const T* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = Op::apply(dst[i], b[i]);
+}
+template <typename T, typename Op>
+void apartLoop(T* __restrict out, const T* __restrict a, const T* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = Op::apply(a[i], b[i]);
+}
+
+// A ReduceFn::Kernel. Only the bfloat16 kernel, bound by its conversions,
+// stores each result twice where there is a copy: the other loops are bound
+// by their loads and stores, and a second store of each vector, into a
+// peer's window, cost more than a copy after the loop (docs/measurements.md).
+template <typename T, typename Op>
+void reduceKernel(void* outv, const void* av, const void* bv, void* copyv, size_t n) {
+  auto* out = static_cast<T*>(outv);
+  const auto* a = static_cast<const T*>(av);
+  const auto* b = static_cast<const T*>(bv);
+  auto* copy = static_cast<T*>(copyv);
+  size_t done = 0, copied = 0;
   if constexpr (kHalf<T>) {
-    size_t done = 0;  // by the fused kernels where the CPU has them, the rest in float32 blocks
+    // The fused kernels where the CPU has them, the rest in float32 blocks.
     if (half_x86::available()) {
-      auto* d = reinterpret_cast<uint16_t*>(dst);
-      const auto* s = reinterpret_cast<const uint16_t*>(src);
-      done = std::is_same_v<T, BF16> ? half_x86::reduceBf16(d, s, n, Op::kOp) : half_x86::reduceF16(d, s, n, Op::kOp);
+      auto u16 = [](const T* p) { return reinterpret_cast<uint16_t*>(const_cast<T*>(p)); };
+      if constexpr (std::is_same_v<T, BF16>) {
+        done = copied = half_x86::reduceBf16(u16(out), u16(a), u16(b), copy ? u16(copy) : nullptr, n, Op::kOp);
+      } else {
+        done = half_x86::reduceF16(u16(out), u16(a), u16(b), n, Op::kOp);
+      }
     }
-    float a[kBlock], b[kBlock];
+    float x[kBlock], y[kBlock];
     for (size_t base = done; base < n; base += kBlock) {
       size_t k = std::min(kBlock, n - base);
-      widen(dst + base, a, k);
-      widen(src + base, b, k);
-      for (size_t i = 0; i < k; ++i) a[i] = Op::apply(a[i], b[i]);
-      narrow(a, dst + base, k);
+      widen(a + base, x, k);
+      widen(b + base, y, k);
+      for (size_t i = 0; i < k; ++i) x[i] = Op::apply(x[i], y[i]);
+      narrow(x, out + base, k);
     }
+  } else if (out == a) {
+    inPlaceLoop<T, Op>(out, b, n);
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = Op::apply(dst[i], src[i]);
+    apartLoop<T, Op>(out, a, b, n);
   }
+  if (copy && copied < n) copyBytes(copy + copied, out + copied, (n - copied) * sizeof(T));
 }
 
 // bool is stored as one byte 0/1: SUM and MAX are OR, PRODUCT and MIN are AND.
 template <typename Op>
-void boolLoop(void* dstv, const void* srcv, size_t n) {
-  auto* __restrict dst = static_cast<uint8_t*>(dstv);
-  const auto* __restrict src = static_cast<const uint8_t*>(srcv);
-  for (size_t i = 0; i < n; ++i) dst[i] = uint8_t(Op::apply(dst[i], src[i]) != 0);
-}
+struct BoolOf {
+  static uint8_t apply(uint8_t a, uint8_t b) { return uint8_t(Op::apply(a, b) != 0); }
+};
 
 template <typename T>
-ReduceFn arithmeticFn(ReduceOp op) {
+ReduceFn::Kernel arithmeticKernel(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return reduceLoop<T, Sum>;
-    case ReduceOp::kProduct: return reduceLoop<T, Prod>;
-    case ReduceOp::kMin: return reduceLoop<T, Min>;
-    case ReduceOp::kMax: return reduceLoop<T, Max>;
+    case ReduceOp::kSum: return reduceKernel<T, Sum>;
+    case ReduceOp::kProduct: return reduceKernel<T, Prod>;
+    case ReduceOp::kMin: return reduceKernel<T, Min>;
+    case ReduceOp::kMax: return reduceKernel<T, Max>;
     default: break;
   }
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
-      case ReduceOp::kBand: return reduceLoop<T, Band>;
-      case ReduceOp::kBor: return reduceLoop<T, Bor>;
-      case ReduceOp::kBxor: return reduceLoop<T, Bxor>;
+      case ReduceOp::kBand: return reduceKernel<T, Band>;
+      case ReduceOp::kBor: return reduceKernel<T, Bor>;
+      case ReduceOp::kBxor: return reduceKernel<T, Bxor>;
       default: break;
     }
   }
   return nullptr;
 }
 
-ReduceFn boolFn(ReduceOp op) {
+ReduceFn::Kernel boolKernel(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kMax:
-    case ReduceOp::kBor: return boolLoop<Bor>;
+    case ReduceOp::kBor: return reduceKernel<uint8_t, BoolOf<Bor>>;
     case ReduceOp::kProduct:
     case ReduceOp::kMin:
-    case ReduceOp::kBand: return boolLoop<Band>;
-    case ReduceOp::kBxor: return boolLoop<Bxor>;
+    case ReduceOp::kBand: return reduceKernel<uint8_t, BoolOf<Band>>;
+    case ReduceOp::kBxor: return reduceKernel<uint8_t, BoolOf<Bxor>>;
     default: return nullptr;
   }
 }
@@ -306,23 +330,34 @@ void castScale(DataType dstType, void* dst, DataType srcType, const void* src, s
                   " -> ", name(dstType)));
 }
 
+ReduceFn::ReduceFn(Kernel kernel)
+    : fn_([kernel](void* dst, const void* src, size_t count) { kernel(dst, dst, src, nullptr, count); }),
+      kernel_(kernel) {}
+
+void ReduceFn::fused(void* out, const void* a, const void* b, void* copy, size_t count, size_t elementSize) const {
+  if (kernel_) return kernel_(out, a, b, copy, count);
+  if (out != a) copyBytes(out, a, count * elementSize);
+  fn_(out, b, count);
+  if (copy) copyBytes(copy, out, count * elementSize);
+}
+
 ReduceFn cpuReduceFn(DataType dtype, ReduceOp op) {
-  ReduceFn fn = nullptr;
+  ReduceFn::Kernel kernel = nullptr;
   switch (dtype) {
-    case DataType::kFloat32: fn = arithmeticFn<float>(op); break;
-    case DataType::kFloat64: fn = arithmeticFn<double>(op); break;
-    case DataType::kFloat16: fn = arithmeticFn<_Float16>(op); break;
-    case DataType::kBFloat16: fn = arithmeticFn<BF16>(op); break;
-    case DataType::kInt8: fn = arithmeticFn<int8_t>(op); break;
-    case DataType::kUInt8: fn = arithmeticFn<uint8_t>(op); break;
-    case DataType::kInt32: fn = arithmeticFn<int32_t>(op); break;
-    case DataType::kInt64: fn = arithmeticFn<int64_t>(op); break;
-    case DataType::kBool: fn = boolFn(op); break;
+    case DataType::kFloat32: kernel = arithmeticKernel<float>(op); break;
+    case DataType::kFloat64: kernel = arithmeticKernel<double>(op); break;
+    case DataType::kFloat16: kernel = arithmeticKernel<_Float16>(op); break;
+    case DataType::kBFloat16: kernel = arithmeticKernel<BF16>(op); break;
+    case DataType::kInt8: kernel = arithmeticKernel<int8_t>(op); break;
+    case DataType::kUInt8: kernel = arithmeticKernel<uint8_t>(op); break;
+    case DataType::kInt32: kernel = arithmeticKernel<int32_t>(op); break;
+    case DataType::kInt64: kernel = arithmeticKernel<int64_t>(op); break;
+    case DataType::kBool: kernel = boolKernel(op); break;
     default: break;
   }
-  COLLX_CHECK(fn, "collx: reduce op ", name(op), " is not supported for dtype ", name(dtype),
+  COLLX_CHECK(kernel, "collx: reduce op ", name(op), " is not supported for dtype ", name(dtype),
               isFloating(dtype) ? " (bitwise ops need integer or bool tensors)" : "");
-  return fn;
+  return ReduceFn(kernel);
 }
 
 void scaleInPlace(DataType dtype, void* buf, size_t count, double factor) {
