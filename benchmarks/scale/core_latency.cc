@@ -9,7 +9,7 @@
 //
 //   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
 //       [--op all_reduce|all_gather|reduce_scatter] [--read-peers 1|0] [--transport shm|tcp] [--offset 0]
-//       [--apart 0|1]
+//       [--apart 0|1] [--dtype float32|bfloat16|float16]
 //
 // --offset B moves rank r's buffers r * B bytes (modulo 1 KiB) further from their page
 // (benchmarks/page_offsets.py does so under torch). --apart 1 gives an
@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   size_t offset = 0;
   size_t bytes = 4;
   bool readPeers = true, apart = false;
+  DataType dtype = DataType::kFloat32;
   std::string algorithm = "shm", transport = "shm", op = "all_reduce";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
     else if (k == "--read-peers") readPeers = v != "0";
     else if (k == "--offset") offset = std::stoul(v);
     else if (k == "--apart") apart = v != "0";
+    else if (k == "--dtype") {
+      CHECK(v == "float32" || v == "bfloat16" || v == "float16", "unknown dtype ", v);
+      dtype = v == "bfloat16" ? DataType::kBFloat16 : v == "float16" ? DataType::kFloat16 : DataType::kFloat32;
+    }
     else CHECK(false, "unknown argument ", k);
   }
   const Algorithm algo = parseAlgorithm(algorithm.c_str());
@@ -50,27 +55,27 @@ int main(int argc, char** argv) {
                       : op == "reduce_scatter" ? OpKind::kReduceScatter
                                                : OpKind::kCount;
   CHECK(kind != OpKind::kCount, "unknown op ", op);
-  const size_t count = std::max<size_t>(1, bytes / sizeof(float));
+  const size_t count = std::max<size_t>(1, bytes / elementSize(dtype));
   const size_t block = count / size_t(ranks);
   test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm, readPeers));
   test::runRanks(ranks, [&](int r) {
     // 64 bytes past a page, where torch's allocator puts a large tensor: a
     // std::vector's 16 would put the copies at a crawling distance (copy.h).
-    std::vector<float> bufMem(count + 2048, 1.0f), outMem(count + 2048);
+    std::vector<float> bufMem(count + 2048, 1.0f), outMem(count + 2048);  // of any dtype: 1.0f is two bfloat16 values
     auto atPagePlus64 = [&](std::vector<float>& v) {
       const size_t past = (4096 - reinterpret_cast<uintptr_t>(v.data()) % 4096) % 4096 + 64 + size_t(r) * offset % 1024;
       return v.data() + past / sizeof(float);
     };
     float *const bufAt = atPagePlus64(bufMem), *const outAt = atPagePlus64(outMem);
-    const auto blocks = blocksAt<void*>(bufAt, ranks, block * sizeof(float));
-    const auto inputs = blocksAt<const void*>(bufAt, ranks, block * sizeof(float));
+    const auto blocks = blocksAt<void*>(bufAt, ranks, block * elementSize(dtype));
+    const auto inputs = blocksAt<const void*>(bufAt, ranks, block * elementSize(dtype));
     Workspace ws;
-    const ReduceFn fn = cpuReduceFn(DataType::kFloat32, ReduceOp::kSum);
+    const ReduceFn fn = cpuReduceFn(dtype, ReduceOp::kSum);
     const Deadline deadline = Clock::now() + std::chrono::minutes(5);
     Clock::time_point start = Clock::now();
     for (int i = 0; i < ops; ++i) {
       if (i == ops / 4) start = Clock::now();
-      Collective c{*g.devices[size_t(r)], kind, DataType::kFloat32, uint64_t(i + 1), deadline, 1 << 16, 2, ws};
+      Collective c{*g.devices[size_t(r)], kind, dtype, uint64_t(i + 1), deadline, 1 << 16, 2, ws};
       if (kind == OpKind::kAllreduce) {
         allreduce(c, algo, bufAt, count, fn);
       } else if (kind == OpKind::kAllgather) {
@@ -85,6 +90,6 @@ int main(int argc, char** argv) {
     }
     const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / (ops - ops / 4);
     if (r == 0) std::printf("%s, %d ranks over %s, %zu B: %.0f ns per op\n", algorithm.c_str(), ranks,
-                            transport.c_str(), count * sizeof(float), ns);
+                            transport.c_str(), count * elementSize(dtype), ns);
   });
 }

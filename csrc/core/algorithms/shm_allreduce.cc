@@ -89,9 +89,8 @@ void shmAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
     chunks.forEach(count, std::max<size_t>(count, 1), [&](size_t, size_t len) {
       copyBytes(chunks.half(me), out, len * es);
       chunks.post();
-      copyBytes(out, chunks.half(0), len * es);
-      for (int r = 1; r < n; ++r) {
-        if (len > 0) fn(out, chunks.half(r), len);
+      for (int r = 1; r < n; ++r) {  // ((b0 + b1) + b2) + ...
+        if (len > 0) fn.fused(out, r == 1 ? chunks.half(0) : out, chunks.half(r), nullptr, len, es);
       }
       chunks.moved(len * es, size_t(n - 1) * len * es);
     });

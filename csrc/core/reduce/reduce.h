@@ -15,8 +15,9 @@ namespace collx {
 // glue can hand in one that runs elsewhere (the CUDA staging path offloads
 // large ones to the GPU). cpuReduceFn's also have a kernel over three
 // operands (fused()), which saves the shared-memory collectives a pass over
-// the data: the copy of a reduce-scatter's own block, and for 16-bit floats
-// the copy of an all-reduce's sums into the window.
+// the data: the copy of a reduce-scatter's own block or of a small
+// all-reduce's first operand, and for bfloat16 the copy of an all-reduce's
+// sums into the window.
 class ReduceFn {
  public:
   using Fn = std::function<void(void* dst, const void* src, size_t count)>;
