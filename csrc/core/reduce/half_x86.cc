@@ -83,18 +83,13 @@ COLLX_AVX2 size_t reduceLoop(uint16_t* out, const uint16_t* a, const uint16_t* b
   return i;
 }
 
-template <typename Format, ReduceOp Op>
-size_t reduceOp(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n) {
-  return copy ? reduceLoop<Format, Op, true>(out, a, b, copy, n) : reduceLoop<Format, Op, false>(out, a, b, copy, n);
-}
-
-template <typename Format>
+template <typename Format, bool kCopy>
 size_t reduce(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return reduceOp<Format, ReduceOp::kSum>(out, a, b, copy, n);
-    case ReduceOp::kProduct: return reduceOp<Format, ReduceOp::kProduct>(out, a, b, copy, n);
-    case ReduceOp::kMin: return reduceOp<Format, ReduceOp::kMin>(out, a, b, copy, n);
-    case ReduceOp::kMax: return reduceOp<Format, ReduceOp::kMax>(out, a, b, copy, n);
+    case ReduceOp::kSum: return reduceLoop<Format, ReduceOp::kSum, kCopy>(out, a, b, copy, n);
+    case ReduceOp::kProduct: return reduceLoop<Format, ReduceOp::kProduct, kCopy>(out, a, b, copy, n);
+    case ReduceOp::kMin: return reduceLoop<Format, ReduceOp::kMin, kCopy>(out, a, b, copy, n);
+    case ReduceOp::kMax: return reduceLoop<Format, ReduceOp::kMax, kCopy>(out, a, b, copy, n);
     default: return 0;
   }
 }
@@ -105,10 +100,10 @@ const bool kAvailable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports
 
 bool available() { return kAvailable; }
 size_t reduceBf16(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op) {
-  return reduce<Bf16>(out, a, b, copy, n, op);
+  return copy ? reduce<Bf16, true>(out, a, b, copy, n, op) : reduce<Bf16, false>(out, a, b, nullptr, n, op);
 }
 size_t reduceF16(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
-  return reduce<F16>(out, a, b, nullptr, n, op);
+  return reduce<F16, false>(out, a, b, nullptr, n, op);
 }
 
 #else
