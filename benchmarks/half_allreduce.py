@@ -9,7 +9,9 @@ the same bytes take turns in shuffled rounds (bench_common.interleaved_turns);
 the table gives each dtype's median turn, max over ranks, and its time over
 float32's (target <= 1.1); "paired", the median over rounds of its turn over
 float32's turn of the same round, which the machine's speed modes (1.5-3x,
-for seconds at a time) move less. Before the turns, float32 ops run until
+for seconds at a time) move less; "in op", the same pairing of the op's own
+run on rank 0 (get_stats' seconds per call over the turn: the call less
+torch's part and collx's glue). Before the turns, float32 ops run until
 auto has settled its choice for the size (at most --settle-s).
 """
 import argparse
@@ -19,8 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 
-import torchcollx  # noqa: F401  (registers the collx backend)
-from bench_common import interleaved_turns, paired_ratio, parse_size, run_ops
+import torchcollx
+from bench_common import interleaved_turns, paired_ratio, parse_size, run_ops, stats_gained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,8 +40,8 @@ def main():
     if rank == 0:
         print(f"n={n}, SUM in place, equal bytes per dtype; median of {args.rounds} interleaved turns, max over ranks")
         print("| bytes | float32 us | bfloat16 us | float16 us | bf16/fp32 | fp16/fp32 | bf16/fp32 paired | "
-              "fp16/fp32 paired |")
-        print("|---" * 8 + "|")
+              "fp16/fp32 paired | bf16/fp32 in op | fp16/fp32 in op |")
+        print("|---" * 10 + "|")
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
         bufs = {}
         for name, dt in DTYPES.items():
@@ -62,15 +64,21 @@ def main():
         dist.all_reduce(per_op, op=dist.ReduceOp.MAX)
         k = max(5, min(2000, int(args.time_per_turn / per_op.item())))
 
-        def turn(buf):
-            run_ops(group, buf, 1)
-            ts = run_ops(group, buf, k)
+        in_op = {name: [] for name in bufs}  # this rank's, per turn
+
+        def turn(name):
+            run_ops(group, bufs[name], 1)
+            before = torchcollx.get_stats(group)["algorithms"]
+            ts = run_ops(group, bufs[name], k)
+            ran = stats_gained(before, torchcollx.get_stats(group)["algorithms"]).values()
+            in_op[name].append(sum(v["seconds"] for v in ran) / k)
             return (ts[-1] - ts[0]) / k
-        turns = interleaved_turns({name: (lambda b=b: turn(b)) for name, b in bufs.items()}, args.rounds)
+        turns = interleaved_turns({name: (lambda name=name: turn(name)) for name in bufs}, args.rounds)
         if rank == 0:
             f32, bf, fp = (statistics.median(turns[d]) * 1e6 for d in DTYPES)
             print(f"| {nbytes} | {f32:.1f} | {bf:.1f} | {fp:.1f} | {bf / f32:.2f} | {fp / f32:.2f} | "
-                  f"{paired_ratio(turns, 'bfloat16', 'float32'):.2f} | {paired_ratio(turns, 'float16', 'float32'):.2f} |")
+                  f"{paired_ratio(turns, 'bfloat16', 'float32'):.2f} | {paired_ratio(turns, 'float16', 'float32'):.2f} | "
+                  f"{paired_ratio(in_op, 'bfloat16', 'float32'):.2f} | {paired_ratio(in_op, 'float16', 'float32'):.2f} |")
     dist.destroy_process_group()
 
 
