@@ -8,6 +8,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <unistd.h>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -177,11 +179,27 @@ template <typename T, typename Op>
 void apartLoop(T* __restrict out, const T* __restrict a, const T* __restrict b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = Op::apply(a[i], b[i]);
 }
+template <typename T, typename Op>
+void twoStoresLoop(T* __restrict dst, const T* __restrict b, T* __restrict copy, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const T v = Op::apply(dst[i], b[i]);
+    dst[i] = v;
+    copy[i] = v;
+  }
+}
 
-// A ReduceFn::Kernel. Only the bfloat16 kernel, bound by its conversions,
-// stores each result twice where there is a copy: the other loops are bound
-// by their loads and stores, and a second store of each vector, into a
-// peer's window, cost more than a copy after the loop (docs/measurements.md).
+// A core's L2 cache, as the system reports it (512 KiB on AMD Zen 3).
+const size_t kL2Bytes = [] {
+  const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? size_t(bytes) : size_t(512) << 10;
+}();
+
+// A ReduceFn::Kernel. Where there is a copy, the bfloat16 kernel, bound by
+// its conversions, stores each result twice. The loops of the other types
+// are bound by their loads and stores: they store twice only from a core's
+// L2 size, which the copy after the loop would read back from further out;
+// below, the second store of each vector, into a line a peer has read, cost
+// more than that copy (docs/measurements.md).
 template <typename T, typename Op>
 void reduceKernel(void* outv, const void* av, const void* bv, void* copyv, size_t n) {
   auto* out = static_cast<T*>(outv);
@@ -207,6 +225,9 @@ void reduceKernel(void* outv, const void* av, const void* bv, void* copyv, size_
       for (size_t i = 0; i < k; ++i) x[i] = Op::apply(x[i], y[i]);
       narrow(x, out + base, k);
     }
+  } else if (out == a && copy && n * sizeof(T) >= kL2Bytes) {
+    twoStoresLoop<T, Op>(out, b, copy, n);
+    copied = n;
   } else if (out == a) {
     inPlaceLoop<T, Op>(out, b, n);
   } else {
