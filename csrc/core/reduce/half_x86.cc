@@ -96,21 +96,26 @@ size_t reduce(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* cop
 
 const bool kAvailable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 
+template <typename Format>
+size_t reduceAny(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op) {
+  return copy ? reduce<Format, true>(out, a, b, copy, n, op) : reduce<Format, false>(out, a, b, nullptr, n, op);
+}
+
 }  // namespace
 
 bool available() { return kAvailable; }
 size_t reduceBf16(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op) {
-  return copy ? reduce<Bf16, true>(out, a, b, copy, n, op) : reduce<Bf16, false>(out, a, b, nullptr, n, op);
+  return reduceAny<Bf16>(out, a, b, copy, n, op);
 }
-size_t reduceF16(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op) {
-  return reduce<F16, false>(out, a, b, nullptr, n, op);
+size_t reduceF16(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op) {
+  return reduceAny<F16>(out, a, b, copy, n, op);
 }
 
 #else
 
 bool available() { return false; }
 size_t reduceBf16(uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, size_t, ReduceOp) { return 0; }
-size_t reduceF16(uint16_t*, const uint16_t*, const uint16_t*, size_t, ReduceOp) { return 0; }
+size_t reduceF16(uint16_t*, const uint16_t*, const uint16_t*, uint16_t*, size_t, ReduceOp) { return 0; }
 
 #endif
 

@@ -17,9 +17,9 @@ bool available();
 
 // out[i] = op(a[i], b[i]) for op SUM, PRODUCT, MIN or MAX, over the whole
 // vectors of the first n elements; returns how many it did (0 for other
-// ops). out is a, or apart from it; nothing else overlaps. The bfloat16 one
-// also stores each result in copy[i] where copy is not null.
+// ops), and stores each result in copy[i] too where copy is not null. out
+// is a, or apart from it; nothing else overlaps.
 size_t reduceBf16(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op);
-size_t reduceF16(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op);
+size_t reduceF16(uint16_t* out, const uint16_t* a, const uint16_t* b, uint16_t* copy, size_t n, ReduceOp op);
 
 }  // namespace collx::half_x86

@@ -195,11 +195,10 @@ const size_t kL2Bytes = [] {
 }();
 
 // A ReduceFn::Kernel. Where there is a copy, the bfloat16 kernel, bound by
-// its conversions, stores each result twice. The loops of the other types
-// are bound by their loads and stores: they store twice only from a core's
-// L2 size, which the copy after the loop would read back from further out;
-// below, the second store of each vector, into a line a peer has read, cost
-// more than that copy (docs/measurements.md).
+// its conversions, stores each result twice. The others store twice only
+// from a core's L2 size, which the copy after the loop would read back from
+// further out; below, the second store of each vector, into a line a peer
+// has read, cost more than that copy (docs/measurements.md).
 template <typename T, typename Op>
 void reduceKernel(void* outv, const void* av, const void* bv, void* copyv, size_t n) {
   auto* out = static_cast<T*>(outv);
@@ -214,7 +213,9 @@ void reduceKernel(void* outv, const void* av, const void* bv, void* copyv, size_
       if constexpr (std::is_same_v<T, BF16>) {
         done = copied = half_x86::reduceBf16(u16(out), u16(a), u16(b), copy ? u16(copy) : nullptr, n, Op::kOp);
       } else {
-        done = half_x86::reduceF16(u16(out), u16(a), u16(b), n, Op::kOp);
+        const bool twice = copy && n * sizeof(T) >= kL2Bytes;
+        done = half_x86::reduceF16(u16(out), u16(a), u16(b), twice ? u16(copy) : nullptr, n, Op::kOp);
+        if (twice) copied = done;
       }
     }
     float x[kBlock], y[kBlock];
