@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
                       : op == "reduce_scatter" ? OpKind::kReduceScatter
                                                : OpKind::kCount;
   CHECK(kind != OpKind::kCount, "unknown op ", op);
-  const size_t count = std::max<size_t>(1, bytes / elementSize(dtype));
+  const size_t es = elementSize(dtype);
+  const size_t count = std::max<size_t>(1, bytes / es);
   const size_t block = count / size_t(ranks);
   test::Group g(ranks, test::over(transport == "tcp" ? shm::Mode::kTcp : shm::Mode::kShm, readPeers));
   test::runRanks(ranks, [&](int r) {
@@ -67,8 +68,8 @@ int main(int argc, char** argv) {
       return v.data() + past / sizeof(float);
     };
     float *const bufAt = atPagePlus64(bufMem), *const outAt = atPagePlus64(outMem);
-    const auto blocks = blocksAt<void*>(bufAt, ranks, block * elementSize(dtype));
-    const auto inputs = blocksAt<const void*>(bufAt, ranks, block * elementSize(dtype));
+    const auto blocks = blocksAt<void*>(bufAt, ranks, block * es);
+    const auto inputs = blocksAt<const void*>(bufAt, ranks, block * es);
     Workspace ws;
     const ReduceFn fn = cpuReduceFn(dtype, ReduceOp::kSum);
     const Deadline deadline = Clock::now() + std::chrono::minutes(5);
@@ -90,6 +91,6 @@ int main(int argc, char** argv) {
     }
     const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / (ops - ops / 4);
     if (r == 0) std::printf("%s, %d ranks over %s, %zu B: %.0f ns per op\n", algorithm.c_str(), ranks,
-                            transport.c_str(), count * elementSize(dtype), ns);
+                            transport.c_str(), count * es, ns);
   });
 }

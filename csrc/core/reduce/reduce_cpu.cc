@@ -205,18 +205,15 @@ void reduceKernel(void* outv, const void* av, const void* bv, void* copyv, size_
   const auto* a = static_cast<const T*>(av);
   const auto* b = static_cast<const T*>(bv);
   auto* copy = static_cast<T*>(copyv);
+  const bool twice = copy && (std::is_same_v<T, BF16> || n * sizeof(T) >= kL2Bytes);
   size_t done = 0, copied = 0;
   if constexpr (kHalf<T>) {
     // The fused kernels where the CPU has them, the rest in float32 blocks.
     if (half_x86::available()) {
       auto u16 = [](const T* p) { return reinterpret_cast<uint16_t*>(const_cast<T*>(p)); };
-      if constexpr (std::is_same_v<T, BF16>) {
-        done = copied = half_x86::reduceBf16(u16(out), u16(a), u16(b), copy ? u16(copy) : nullptr, n, Op::kOp);
-      } else {
-        const bool twice = copy && n * sizeof(T) >= kL2Bytes;
-        done = half_x86::reduceF16(u16(out), u16(a), u16(b), twice ? u16(copy) : nullptr, n, Op::kOp);
-        if (twice) copied = done;
-      }
+      const auto kernel = std::is_same_v<T, BF16> ? half_x86::reduceBf16 : half_x86::reduceF16;
+      done = kernel(u16(out), u16(a), u16(b), twice ? u16(copy) : nullptr, n, Op::kOp);
+      if (twice) copied = done;
     }
     float x[kBlock], y[kBlock];
     for (size_t base = done; base < n; base += kBlock) {
@@ -226,7 +223,7 @@ void reduceKernel(void* outv, const void* av, const void* bv, void* copyv, size_
       for (size_t i = 0; i < k; ++i) x[i] = Op::apply(x[i], y[i]);
       narrow(x, out + base, k);
     }
-  } else if (out == a && copy && n * sizeof(T) >= kL2Bytes) {
+  } else if (out == a && twice) {
     twoStoresLoop<T, Op>(out, b, copy, n);
     copied = n;
   } else if (out == a) {
