@@ -2,15 +2,19 @@
 // only the pairs its ops use; ranks that dial each other at the same moment
 // keep one connection; a receive from any source posted before anyone
 // connected gets its messages; a peer that left fails a dial at once, and
-// one whose group broke first names its reason; a rank's death reaches
+// one whose group broke first names its reason, whether it refused the dial
+// or closed it unanswered; a rank's death reaches
 // every rank waiting in a ring all-reduce, though each holds sockets to its
 // two neighbours only; ranks whose COLLX_CONNECT differs fail at creation.
 #include <dirent.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <future>
 
 #include "../../csrc/core/algorithms/algorithms.h"
+#include "../../csrc/core/transport/socket/connector.h"
 #include "check.h"
 #include "group.h"
 
@@ -187,6 +191,43 @@ void testDepartedPeerLeavesItsReason() {
         "'");
 }
 
+// A peer that fails while this rank's dial sits in its listener's queue
+// closes the connection unanswered (closing a listener resets what it never
+// accepted): the dial names the peer's note, as a refused one does. Here
+// the "peer" is a bare listener that takes the hello and closes.
+void testUnansweredDialReadsTheNote() {
+  auto store = std::make_shared<test::MemoryStore>();
+  tcp::Directory dir;
+  dir.size = 2;
+  dir.prefix = "unanswered/";
+  dir.connect = "lazy";
+  tcp::Address mine = tcp::Address::parse("127.0.0.1:0"), peer = tcp::Address::parse("127.0.0.1:0");
+  dir.listener = tcp::listenOn(mine);
+  tcp::Socket peerListener = tcp::listenOn(peer);
+  dir.addrs = {mine, peer};
+  dir.hosts = {0, 0};
+  tcp::Connector connector(0, std::move(dir), "");
+  connector.setNotes(store);
+  const std::string reason = "collx rank 1: Connection closed by peer 7 (the first cause)";
+  std::thread fake([&] {
+    pollfd p{peerListener.fd(), POLLIN, 0};
+    CHECK(::poll(&p, 1, 10000) == 1, "the dial never reached the listener");
+    tcp::Socket s(::accept(peerListener.fd(), nullptr, nullptr));
+    char hello[64];
+    CHECK(::recv(s.fd(), hello, sizeof(hello), 0) > 0, "no hello");
+    store->set("unanswered/left/1", std::vector<uint8_t>(reason.begin(), reason.end()));
+  });  // `s` closes here, unanswered
+  std::string why;
+  try {
+    connector.take(1, tcp::kCollectives, Clock::now() + 30s);
+  } catch (const PeerClosedError& e) {
+    why = e.what();
+  }
+  fake.join();
+  CHECK(why.find("Connection closed by peer 1") != std::string::npos, "the dial: '", why, "'");
+  CHECK(why.find("peer 1 had failed: " + reason) != std::string::npos, "the dial lacks the note: '", why, "'");
+}
+
 // A ring all-reduce on n ranks, each connected to its two neighbours only;
 // one rank's connections close mid-op (a killed process's do): every other
 // rank fails within seconds, the news travelling along the ring.
@@ -244,6 +285,7 @@ void testModesMustAgree() {
 
 int main() {
   testDepartedPeerLeavesItsReason();
+  testUnansweredDialReadsTheNote();
   testModesMustAgree();
   testConnectsWhatItUses();
   testSimultaneousDials();

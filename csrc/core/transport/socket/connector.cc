@@ -170,6 +170,12 @@ Socket Connector::take(int peer, Channel channel, Deadline deadline, int wakeFd)
   }
 }
 
+PeerClosedError Connector::gone(int peer, Deadline deadline, const std::string& how) const {
+  const std::string note = readNote(peer, std::min<Clock::duration>(kNoteWait, deadline - Clock::now()));
+  return PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank_, " ", how, ")",
+                             noteOfPeer(peer, note)));
+}
+
 bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, Socket* out) {
   const Address& addr = dir_.addrs[size_t(peer)];
   Socket s;
@@ -180,15 +186,19 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
   } catch (const TimeoutError&) {
     throw TimeoutError(str("collx rank ", rank_, ": Timed out connecting to peer ", peer, " at ", addr.str()));
   } catch (const Error& e) {
-    const std::string note = readNote(peer, std::min<Clock::duration>(kNoteWait, deadline - Clock::now()));
-    throw PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank_, " could not connect to ",
-                              addr.str(), ": the peer's process exited or it closed its group; ", e.what(), ")",
-                              noteOfPeer(peer, note)));
+    throw gone(peer, deadline,
+               str("could not connect to ", addr.str(), ": the peer's process exited or it closed its group; ",
+                   e.what()));
   }
   configure(s, peer);  // before the hello: a setting the kernel refuses fails here, not at the peer
   const Hello mine{kHelloMagic, rank_, dir_.size, channel, dir_.generation, dir_.token};
-  COLLX_CHECK(writeAll(s, &mine, sizeof(mine), deadline), "collx rank ", rank_, ": could not send hello to peer ", peer,
-              " at ", addr.str());
+  if (!writeAll(s, &mine, sizeof(mine), deadline)) {
+    if (Clock::now() >= deadline) {
+      throw TimeoutError(str("collx rank ", rank_, ": Timed out sending hello to peer ", peer, " at ", addr.str()));
+    }
+    throw gone(peer, deadline,
+               str("sending hello to ", addr.str(), ": the peer's process exited or it closed its group"));
+  }
   char reply = kDuplicate;
   for (;;) {
     pollfd fds[3] = {{s.fd(), POLLIN, 0}, {stopFd_, POLLIN, 0}, {wakeFd, POLLIN, 0}};
@@ -205,8 +215,8 @@ bool Connector::dial(int peer, Channel channel, Deadline deadline, int wakeFd, S
       const ssize_t got = ::recv(s.fd(), &reply, 1, MSG_DONTWAIT);
       if (got == 1) break;
       if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      throw PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank_, " connecting to ",
-                                addr.str(), ": the peer's process exited or it closed its group)"));
+      throw gone(peer, deadline,
+                 str("connecting to ", addr.str(), ": the peer's process exited or it closed its group"));
     }
   }
   if (reply != kAccepted) return false;

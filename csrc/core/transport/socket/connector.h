@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../error.h"
 #include "rendezvous.h"
 
 namespace collx::tcp {
@@ -80,6 +81,10 @@ class Connector {
   void onHello(Socket socket, int peer, Channel channel);
   // Dials once; true if the peer accepted, false if it refused it as a duplicate.
   bool dial(int peer, Channel channel, Deadline deadline, int wakeFd, Socket* out);
+  // The error of a dial the peer refused or closed unanswered: it left (a
+  // failing rank closes its listener), so its note says why. `how` is what
+  // this rank was doing.
+  PeerClosedError gone(int peer, Deadline deadline, const std::string& how) const;
   // Local settings (congestion control, send buffer) for a new connection.
   void configure(Socket& s, int peer) const;
 
