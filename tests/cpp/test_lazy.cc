@@ -3,9 +3,9 @@
 // keep one connection; a receive from any source posted before anyone
 // connected gets its messages; a peer that left fails a dial at once, and
 // one whose group broke first names its reason, whether it refused the dial
-// or closed it unanswered; a rank's death reaches
-// every rank waiting in a ring all-reduce, though each holds sockets to its
-// two neighbours only; ranks whose COLLX_CONNECT differs fail at creation.
+// or closed it unanswered; a rank's death reaches every rank waiting in a
+// ring all-reduce, though each holds sockets to its two neighbours only;
+// ranks whose COLLX_CONNECT differs fail at creation.
 #include <dirent.h>
 #include <poll.h>
 #include <sys/socket.h>
