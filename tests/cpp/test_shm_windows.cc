@@ -5,7 +5,8 @@
 // and without reading the peers' buffers in place, buffers refilled at once
 // after an op read in place, a reduce-scatter's two orders giving the same
 // bits, a peer's cancel seen by a windows op, which receives no message, and
-// the bytes each carrier moved.
+// the bytes each carrier moved; a mismatch where one rank runs the op over
+// its connections and the others in the windows.
 #include <pthread.h>
 #include <sched.h>
 
@@ -132,6 +133,39 @@ void testWindowsMismatch(bool readPeers) {
   }
   CHECK(errors[0].find("root 1") != std::string::npos || errors[0].find("all_gather") != std::string::npos,
         "rank 0 names what the peer runs: ", errors[0]);
+}
+
+// Ranks whose sizes differ, so that one runs the op over its connections
+// (direct) and the others in the windows: neither side would ever see the
+// other's data, so a rank in the windows that sees a peer run its op over
+// the connections raises the mismatch at once, not at the deadline, and the
+// peer hears of it from its abort. Either rank may be the one on direct.
+void testMismatchAcrossTransports() {
+  const int n = 3;
+  for (int linked = 0; linked < n; ++linked) {
+    Group g(n, over(shm::Mode::kAuto));
+    std::vector<std::string> errors(n);
+    const auto start = Clock::now();
+    test::runRanks(n, [&](int r) {
+      const size_t count = r == linked ? 1024 : 16384;
+      std::vector<int32_t> buf(count, 1);
+      Workspace ws;
+      Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, 5, Clock::now() + std::chrono::seconds(30),
+                   1 << 12, 2, ws};
+      try {
+        allreduce(c, r == linked ? Algorithm::kDirect : Algorithm::kShm, buf.data(), count,
+                  cpuReduceFn(DataType::kInt32, ReduceOp::kSum));
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    CHECK(ms < 5000, "the mismatch took ", ms, " ms to fail");
+    for (int r = 0; r < n; ++r) {
+      CHECK(errors[r].find("mismatched collective") != std::string::npos, "rank ", r, " (rank ", linked,
+            " on direct): '", errors[r], "'");
+    }
+  }
 }
 
 // The shared-memory collectives back to back, each rank running on without
@@ -484,6 +518,7 @@ void testStackedThenFree() {
 
 int main() {
   testWindowsAllreduceFailures();
+  testMismatchAcrossTransports();
   for (bool readPeers : {false, true}) {
     testCountersByCarrier(readPeers);
     testWindowsMismatch(readPeers);
@@ -494,7 +529,7 @@ int main() {
   testCancelBeforeWindowsOp();
   testStackedOnOneCore();
   testStackedThenFree();
-  std::printf("shm windows: failures, mismatches, back to back, read in place, reduce-scatter orders, cancel, "
+  std::printf("shm windows: failures, mismatches (across transports too), back to back, read in place, reduce-scatter orders, cancel, "
               "counters, stacked on one core, stacked then free ok\n");
   return 0;
 }

@@ -227,14 +227,23 @@ void Device::connect(Pair& p, Deadline deadline) {
 void Device::postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                       uint64_t cookie) {
   pair(peer).postSend(frame, data, bytes, cookie);
-  if (frame.seq < kInternalSeqs) seqPosted_ = std::max(seqPosted_, frame.seq);
+  noteLinked(frame);
   ++pending_;
 }
 
 void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) {
   pair(peer).postRecv(frame, data, bytes, cookie);
-  if (frame.seq < kInternalSeqs) seqPosted_ = std::max(seqPosted_, frame.seq);
+  noteLinked(frame);
   ++pending_;
+}
+
+void Device::noteLinked(const Frame& frame) {
+  if (frame.seq >= kInternalSeqs) return;
+  seqPosted_ = std::max(seqPosted_, frame.seq);
+  // A cancel travels on the connections of an op that runs anywhere.
+  if (windows_ && frame.kind != OpKind::kCancel) {
+    windows_->control(rank_).linked.store(frame.seq, std::memory_order_relaxed);
+  }
 }
 
 void Device::cancel(uint64_t seq, OpKind kind, const std::string& why, Deadline deadline) {

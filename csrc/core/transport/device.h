@@ -155,6 +155,8 @@ class Device : public Transport {
   // or once the pure spin has passed. Returns whether the waiter should
   // sleep now rather than spin on (kSharedCoreYield).
   bool spinPause(Clock::duration spun) const;
+  // After posting `frame`: seqPosted_, and the windows' `linked` (shared_windows.h).
+  void noteLinked(const Frame& frame);
   mutable std::atomic<bool> coreShared_{false};  // a yield found this core shared (spinPause)
   std::set<uint64_t> cancelled_;  // collectives cancelled here (see Pair)
   // The latest of the user's collectives this rank posted or ran in the

@@ -53,6 +53,11 @@ struct alignas(64) WindowControl {
   // or stuck elsewhere cannot answer, but its last word stays here.
   alignas(64) std::atomic<uint64_t> started;
   std::atomic<uint64_t> completed;
+  // The user's collective this rank last posted a frame of on its
+  // connections (rings, sockets). A peer that waits in the windows for an op
+  // this rank runs over its connections, and ran none of it there itself,
+  // sees a mismatched collective: neither would ever see the other's data.
+  std::atomic<uint64_t> linked;
   std::atomic<uint32_t> startedKind;
   // The core this rank's op thread last ran on, plus one (0: not known),
   // noted as its ops start and where a wait found its core shared

@@ -92,7 +92,24 @@ void Device::Windows::unstack() {
   }
 }
 
+int Device::Windows::linkedPeer() {
+  if (op_ == 0 || control(device_.rank_).linked.load(std::memory_order_relaxed) == op_) return -1;
+  for (int r = 0; r < device_.size_; ++r) {
+    if (r != device_.rank_ && control(r).linked.load(std::memory_order_relaxed) == op_) return r;
+  }
+  return -1;
+}
+
 void Device::Windows::checkPeers(const std::function<bool()>& ready) {
+  if (const int r = linkedPeer(); r >= 0 && !ready()) {
+    const WindowControl& peer = control(r);
+    device_.breakWith(Error(str("collx rank ", device_.rank_, ": mismatched collective with peer ", r, ": peer runs ",
+                                name(OpKind(peer.startedKind.load())), " #", op_,
+                                " over its connections, this rank in shared memory (an algorithm chosen for other "
+                                "sizes or dtypes). Every rank must call the same collectives in the same order with "
+                                "the same sizes and dtypes.")),
+                      false);
+  }
   pollfds_.clear();  // kept across calls: no allocation on a wait path
   for (auto& p : device_.pairs_) {
     if (p) pollfds_.push_back({p->fd(), POLLIN, 0});
@@ -204,6 +221,7 @@ void Device::Windows::readRaw(int r, uint64_t address, char* to, size_t bytes) {
 
 void Device::Windows::checkGroup(uint64_t seq) {
   device_.throwIfBroken();
+  op_ = seq < kInternalSeqs ? seq : 0;
   if (seq < kInternalSeqs) device_.seqPosted_ = std::max(device_.seqPosted_, seq);
   try {
     for (auto& p : device_.pairs_) {

@@ -43,8 +43,12 @@ class Device::Windows : public SharedWindows {
  private:
   static constexpr size_t kControlBytes = 4096;
   // Throws (breaking the device) if a peer closed its socket or sent an
-  // abort, unless ready() holds by then.
+  // abort, or runs this rank's op over its connections (WindowControl::
+  // linked), unless ready() holds by then.
   void checkPeers(const std::function<bool()>& ready);
+  // A peer that runs op #op_ over its connections, while this rank ran none
+  // of it there: -1 if none.
+  int linkedPeer();
   // readPeer() without the bounce: process_vm_readv straight into `to`.
   void readRaw(int r, uint64_t address, char* to, size_t bytes);
   static constexpr size_t kBouncePieceBytes = 128 << 10;  // 16-32 KiB pieces cost more calls; 1 MiB no less
@@ -55,6 +59,7 @@ class Device::Windows : public SharedWindows {
   std::vector<pid_t> pids_;
   PeerReads reads_;
   std::vector<pollfd> pollfds_;  // checkPeers()'s
+  uint64_t op_ = 0;              // the user's collective of the wait (checkGroup), 0 for the group's own
   SharedCounters counters_;
   Clock::time_point lastMove_{};  // unstack()'s, at most one per kMoveEvery
   std::atomic<uint64_t> moves_{0};
