@@ -168,6 +168,33 @@ void testMismatchAcrossTransports() {
   }
 }
 
+// One op that runs a part in the windows and then a part over the
+// connections on every rank alike (a coalesced op's tensors), and the
+// reverse, is no mismatch, however the ranks lag one another.
+void testBothTransportsInOneOp() {
+  const int n = 3;
+  Group g(n, over(shm::Mode::kAuto));
+  test::runRanks(n, [&](int r) {
+    Workspace ws;
+    std::vector<int32_t> big(16384), small(1024);
+    for (uint64_t seq = 1; seq <= 60; ++seq) {
+      if ((seq + uint64_t(r)) % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200 * (r + 1)));
+      Collective c{*g.devices[r], OpKind::kAllreduce, DataType::kInt32, seq, Clock::now() + std::chrono::seconds(30),
+                   1 << 12, 2, ws};
+      std::fill(big.begin(), big.end(), r + 1);
+      std::fill(small.begin(), small.end(), r + 1);
+      const auto sum = cpuReduceFn(DataType::kInt32, ReduceOp::kSum);
+      const bool windowsFirst = seq % 2 == 0;
+      allreduce(c, windowsFirst ? Algorithm::kShm : Algorithm::kDirect, windowsFirst ? big.data() : small.data(),
+                windowsFirst ? big.size() : small.size(), sum);
+      allreduce(c, windowsFirst ? Algorithm::kDirect : Algorithm::kShm, windowsFirst ? small.data() : big.data(),
+                windowsFirst ? small.size() : big.size(), sum);
+      CHECK(big[0] == n * (n + 1) / 2 && big.back() == n * (n + 1) / 2 && small[0] == n * (n + 1) / 2,
+            "rank ", r, " op ", seq, ": wrong sums");
+    }
+  });
+}
+
 // The shared-memory collectives back to back, each rank running on without
 // waiting for the others between ops, one of them lagging now and then: a
 // rank may post its next op's first chunk before a slower peer has checked
@@ -519,6 +546,7 @@ void testStackedThenFree() {
 int main() {
   testWindowsAllreduceFailures();
   testMismatchAcrossTransports();
+  testBothTransportsInOneOp();
   for (bool readPeers : {false, true}) {
     testCountersByCarrier(readPeers);
     testWindowsMismatch(readPeers);

@@ -55,8 +55,9 @@ struct alignas(64) WindowControl {
   std::atomic<uint64_t> completed;
   // The user's collective this rank last posted a frame of on its
   // connections (rings, sockets). A peer that waits in the windows for an op
-  // this rank runs over its connections, and ran none of it there itself,
-  // sees a mismatched collective: neither would ever see the other's data.
+  // this rank runs over its connections and posted none of here, while the
+  // peer ran none of it there, sees a mismatched collective: neither would
+  // ever see the other's data.
   std::atomic<uint64_t> linked;
   std::atomic<uint32_t> startedKind;
   // The core this rank's op thread last ran on, plus one (0: not known),

@@ -95,7 +95,14 @@ void Device::Windows::unstack() {
 int Device::Windows::linkedPeer() {
   if (op_ == 0 || control(device_.rank_).linked.load(std::memory_order_relaxed) == op_) return -1;
   for (int r = 0; r < device_.size_; ++r) {
-    if (r != device_.rank_ && control(r).linked.load(std::memory_order_relaxed) == op_) return r;
+    if (r == device_.rank_) continue;
+    WindowControl& p = control(r);
+    // One that posted a chunk of the op here ran part of it in the windows
+    // (a coalesced op's earlier tensor) and moved on, as this rank will.
+    if (p.linked.load(std::memory_order_relaxed) == op_ && p.op[0].seq.load(std::memory_order_relaxed) != op_ &&
+        p.op[1].seq.load(std::memory_order_relaxed) != op_) {
+      return r;
+    }
   }
   return -1;
 }

@@ -46,8 +46,8 @@ class Device::Windows : public SharedWindows {
   // abort, or runs this rank's op over its connections (WindowControl::
   // linked), unless ready() holds by then.
   void checkPeers(const std::function<bool()>& ready);
-  // A peer that runs op #op_ over its connections, while this rank ran none
-  // of it there: -1 if none.
+  // A peer that runs op #op_ over its connections and posted none of it
+  // here, while this rank ran none of it there: -1 if none.
   int linkedPeer();
   // readPeer() without the bounce: process_vm_readv straight into `to`.
   void readRaw(int r, uint64_t address, char* to, size_t bytes);
