@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../csrc/core/algorithms/algorithms.h"
 #include "../../csrc/core/algorithms/collective.h"
 #include "../../csrc/core/error.h"
 #include "../../csrc/core/reduce/reduce.h"
@@ -38,6 +39,12 @@ struct Group {
 };
 
 using AllreduceFn = void (*)(const Collective&, void*, size_t, ReduceFn);
+
+// shmAllgather on n blocks laid end to end, this rank's in place.
+inline void shmAllgatherFlat(const Collective& c, int32_t* buf, size_t block) {
+  const auto blocks = blocksAt<void*>(buf, c.size(), block * sizeof(int32_t));
+  shmAllgather(c, blocks[size_t(c.rank())], blocks, block);
+}
 
 // Rank 0 of a new 2-rank group runs `allreduce` over `count` floats while
 // rank 1 closes its device after 50 ms (as a killed process's sockets
