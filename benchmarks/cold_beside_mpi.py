@@ -24,7 +24,10 @@ job again, from the choices the first one saved). The table gives, per run
 and size, the medians over repeats of each side's cold mean per op over its
 warm median, and of their quotient: collx's cold excess beyond what the
 machine charges MPI (target: the second run's collx cold/warm <= 1.1); and
-each side's cold over next.
+each side's cold over next. A third side, "floor", runs the same ops on a
+one-rank collx group of each rank's own, all ranks at once: torch's call
+and collx's glue with no peer and no data moved, whose first ops of a size
+show what the process charges any torch.distributed call there.
 Times are per op, the max over ranks.
 
     .venv/bin/python benchmarks/cold_beside_mpi.py --ranks 2 --repeats 4
@@ -54,16 +57,19 @@ def worker(args):
     init_beside_mpi(comm)
     group = dist.new_group(backend="collx")
     line = dist.new_group(backend="collx")
+    solo = [dist.new_group(ranks=[r], backend="collx") for r in range(n)][rank]
     sizes = parse_sizes(args.sizes, "1G", 4)
     calls = {}
     for size in sizes:  # every buffer made and zeroed (sums of zeros stay zeros) before any size's cold ops
         mpi, _, _, zero = make_op(comm, "all_reduce", size)
         zero()
-        buf = torch.zeros(max(1, size // 4))
-        calls[size] = {"mpi": mpi, "collx": lambda buf=buf: dist.all_reduce(buf, group=group)}
+        buf, own = torch.zeros(max(1, size // 4)), torch.zeros(max(1, size // 4))
+        calls[size] = {"mpi": mpi, "collx": lambda buf=buf: dist.all_reduce(buf, group=group),
+                       "floor": lambda own=own: dist.all_reduce(own, group=solo)}
     tiny = torch.zeros(1)
     make_op(comm, "all_reduce", 4)[0]()  # each side's first op of all, apart from any size's
     torch_call(group, "all_reduce", 4, n, rank)[0]()
+    dist.all_reduce(tiny, group=solo)
     dist.all_reduce(tiny, group=line)
 
     def agreed(us):
@@ -76,7 +82,7 @@ def worker(args):
         wait out: a collx block starts after two small all-reduces on a collx
         group of their own, which line them up."""
         comm.Barrier()
-        if name == "collx":
+        if name != "mpi":
             for _ in range(2):
                 dist.all_reduce(tiny, group=line)
         marks = [time.perf_counter()]
@@ -88,7 +94,7 @@ def worker(args):
 
     rows = []
     for i, size in enumerate(sizes):
-        order = ["mpi", "collx"] if (i + args.order) % 2 == 0 else ["collx", "mpi"]
+        order = ["mpi", "floor", "collx"] if (i + args.order) % 2 == 0 else ["collx", "floor", "mpi"]
         # The cold ops, then as many right after them: the next ones run in
         # the same speed mode of the machine, which warm blocks seconds
         # later need not (it moves by 1.5-3x within a minute).
@@ -108,7 +114,8 @@ def worker(args):
                 warm[name].append(timed(size, name, ops[name])[0])
         mpi, _, right, _ = make_op(comm, "all_reduce", size)  # the results, from known values
         mpi()
-        ok = {"mpi": right(), "collx": torch_call(group, "all_reduce", size, n, rank)[1]()}
+        ok = {"mpi": right(), "collx": torch_call(group, "all_reduce", size, n, rank)[1](),
+              "floor": torch_call(solo, "all_reduce", size, 1, 0)[1]()}
         for name, good in ok.items():
             if not comm.allreduce(bool(good), op=MPI.LAND):
                 raise SystemExit(f"{name} returned a wrong all_reduce result at {size} B")
@@ -145,8 +152,9 @@ def main():
     print(f"n={args.ranks}, float32 SUM all_reduce in place; first {args.ops} ops per size, cold; medians over "
           f"{args.repeats} repeats; us per op, max over ranks")
     print("| run | bytes | collx cold | collx warm | MPI cold | MPI warm | collx cold/warm | MPI cold/warm | "
-          "collx / MPI cold/warm | collx cold/next | MPI cold/next | collx cold/warm, each repeat | settled |")
-    print("|---" * 13 + "|")
+          "floor cold/warm | collx / MPI cold/warm | collx cold/next | MPI cold/next | floor cold/next | "
+          "collx cold/warm, each repeat | settled |")
+    print("|---" * 15 + "|")
     for label, reps in runs.items():
         for j, row in enumerate(reps[0]):
             def ratios(side, of="warm_us"):
@@ -158,9 +166,11 @@ def main():
             print(f"| {label} | {row['bytes']} | {med(lambda r: r['cold_us']['collx']):.1f} | "
                   f"{med(lambda r: r['warm_us']['collx']):.1f} | {med(lambda r: r['cold_us']['mpi']):.1f} | "
                   f"{med(lambda r: r['warm_us']['mpi']):.1f} | {statistics.median(cx):.2f} | "
-                  f"{statistics.median(mx):.2f} | {statistics.median(np.divide(cx, mx)):.2f} | "
+                  f"{statistics.median(mx):.2f} | {statistics.median(ratios('floor')):.2f} | "
+                  f"{statistics.median(np.divide(cx, mx)):.2f} | "
                   f"{statistics.median(ratios('collx', 'next_us')):.2f} | "
                   f"{statistics.median(ratios('mpi', 'next_us')):.2f} | "
+                  f"{statistics.median(ratios('floor', 'next_us')):.2f} | "
                   f"{', '.join(f'{x:.2f}' for x in cx)} | {sum(r[j]['settled'] for r in reps)}/{len(reps)} |")
 
 

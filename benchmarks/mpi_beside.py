@@ -16,7 +16,9 @@ round, which ran a fraction of a second apart. With --floor every round also
 times each rank on a one-rank collx group of its own, all ranks at once (the
 per-call floor with every core busy, as small_op.py's "n=1 x2"), and the
 table adds collx's time beyond that floor over MPI's, paired per round
-(issue 35: at most 1 up to 64 KiB).
+(issue 35: at most 1 up to 64 KiB). "in op" is the time collx's own op took
+(its get_stats seconds over the block's ops, from its start on collx's
+thread to its end): the op without torch's call and collx's Work around it.
 
     .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_beside.py --op all_gather --sizes 64K,256K,1M --gloo
     .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/mpi_beside.py --op all_reduce
@@ -131,10 +133,15 @@ def main():
             ops[name] = max(3, min(20000, int(args.block_s * 1e6 / us)))
         names = list(calls)
         times = {name: [] for name in names}
+        times["in_op"] = []  # collx's own time per op, from its stats: the op without torch's call
         before = torchcollx.get_stats(groups["collx"])["algorithms"]
         for r in range(args.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
+                at = torchcollx.get_stats(groups["collx"])["algorithms"] if name == "collx" else None
                 times[name].append(block_us(comm, calls[name][0], ops[name]))
+                if at is not None:
+                    gained = stats_gained(at, torchcollx.get_stats(groups["collx"])["algorithms"])
+                    times["in_op"].append(sum(v["seconds"] for v in gained.values()) / ops[name] * 1e6)
         ran = sorted(stats_gained(before, torchcollx.get_stats(groups["collx"])["algorithms"]))
         for name, ts in times.items():
             agreed = np.empty(len(ts))
@@ -145,7 +152,9 @@ def main():
                "block_us": times,
                "median_us": {k: statistics.median(v) for k, v in times.items()},
                "collx_over_mpi_busbw": statistics.median(m / c for m, c in zip(times["mpi"], times["collx"]))}
-        row["busbw"] = {k: nbytes / us / 1e3 * factor for k, us in row["median_us"].items() if k != "floor"}
+        row["busbw"] = {k: nbytes / us / 1e3 * factor for k, us in row["median_us"].items()
+                        if k not in ("floor", "in_op")}
+        row["in_op_over_mpi"] = statistics.median(i / m for i, m in zip(times["in_op"], times["mpi"]))
         if solo:
             row["beyond_floor_over_mpi"] = statistics.median(
                 (c - f) / m for c, f, m in zip(times["collx"], times["floor"], times["mpi"]))
@@ -153,16 +162,17 @@ def main():
     if rank == 0:
         print(f"{args.op}, n={n}, float32; {args.rounds} rounds of alternating blocks (~{args.block_s} s each), "
               "us per op (max over ranks, median over rounds); busbw GB/s; the ratio is the median of each round's")
-        print("| bytes | collx ran | collx us | MPI us |" + (" gloo us |" if args.gloo else "") +
+        print("| bytes | collx ran | collx us | collx in op us | MPI us |" + (" gloo us |" if args.gloo else "") +
               (" floor us | (collx - floor)/MPI (paired) |" if solo else "") +
-              " collx busbw | MPI busbw | busbw collx/MPI (paired) |")
-        print("|---" * (7 + args.gloo + 2 * bool(solo)) + "|")
+              " collx busbw | MPI busbw | busbw collx/MPI (paired) | collx in op/MPI (paired) |")
+        print("|---" * (9 + args.gloo + 2 * bool(solo)) + "|")
         for r in rows:
             m = r["median_us"]
             gloo = f" {m['gloo']:.1f} |" if args.gloo else ""
             floor = f" {m['floor']:.1f} | {r['beyond_floor_over_mpi']:.2f} |" if solo else ""
-            print(f"| {r['bytes']} | {', '.join(r['collx_ran'])} | {m['collx']:.1f} | {m['mpi']:.1f} |{gloo}{floor}"
-                  f" {r['busbw']['collx']:.3f} | {r['busbw']['mpi']:.3f} | {r['collx_over_mpi_busbw']:.2f} |")
+            print(f"| {r['bytes']} | {', '.join(r['collx_ran'])} | {m['collx']:.1f} | {m['in_op']:.1f} | {m['mpi']:.1f} |"
+                  f"{gloo}{floor} {r['busbw']['collx']:.3f} | {r['busbw']['mpi']:.3f} | {r['collx_over_mpi_busbw']:.2f} |"
+                  f" {r['in_op_over_mpi']:.2f} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"rows": rows}, f)
