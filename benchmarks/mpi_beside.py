@@ -16,7 +16,13 @@ round, which ran a fraction of a second apart. With --floor every round also
 times each rank on a one-rank collx group of its own, all ranks at once (the
 per-call floor with every core busy, as small_op.py's "n=1 x2"), and the
 table adds collx's time beyond that floor over MPI's, paired per round
-(issue 35: at most 1 up to 64 KiB). "in op" is the time collx's own op took
+(issue 35: at most 1 up to 64 KiB). But a torch call's time jitters, and an
+op of two ranks waits for the later one, while MPI's op in a tight loop of
+its own meets no such skew (nor the caches a torch call leaves). So with
+--floor every round also times a block of the floor call followed by MPI's
+op ("floor+MPI"): its time beyond the floor is MPI's op where collx's runs,
+between torch calls, and the last floor column compares collx's time beyond
+the floor with that. "in op" is the time collx's own op took
 (its get_stats seconds over the block's ops, from its start on collx's
 thread to its end): the op without torch's call and collx's Work around it.
 
@@ -114,6 +120,10 @@ def main():
         calls.update({name: torch_call(g, args.op, size, n, rank) for name, g in groups.items()})
         if solo:
             calls["floor"] = torch_call(solo, args.op, size, 1, 0)
+            # MPI's op right after a torch call on each rank: it meets its
+            # peers as skewed as collx's op does (torch's calls jitter).
+            (floor_call, floor_first), (mpi2, _, right2, _) = calls["floor"], make_op(comm, args.op, size)
+            calls["floor+mpi"] = ((lambda: (floor_call(), mpi2())), lambda: floor_first() and (mpi2(), right2())[1])
         for name, (_, first) in calls.items():
             if not comm.allreduce(bool(first()), op=MPI.LAND):
                 raise SystemExit(f"{name} returned a wrong {args.op} result at {size} B")
@@ -153,23 +163,27 @@ def main():
                "median_us": {k: statistics.median(v) for k, v in times.items()},
                "collx_over_mpi_busbw": statistics.median(m / c for m, c in zip(times["mpi"], times["collx"]))}
         row["busbw"] = {k: nbytes / us / 1e3 * factor for k, us in row["median_us"].items()
-                        if k not in ("floor", "in_op")}
+                        if k not in ("floor", "in_op", "floor+mpi")}
         row["in_op_over_mpi"] = statistics.median(i / m for i, m in zip(times["in_op"], times["mpi"]))
         if solo:
             row["beyond_floor_over_mpi"] = statistics.median(
                 (c - f) / m for c, f, m in zip(times["collx"], times["floor"], times["mpi"]))
+            row["beyond_floor_over_mpi_after_floor"] = statistics.median(
+                (c - f) / (fm - f) for c, f, fm in zip(times["collx"], times["floor"], times["floor+mpi"]))
         rows.append(row)
     if rank == 0:
         print(f"{args.op}, n={n}, float32; {args.rounds} rounds of alternating blocks (~{args.block_s} s each), "
               "us per op (max over ranks, median over rounds); busbw GB/s; the ratio is the median of each round's")
         print("| bytes | collx ran | collx us | collx in op us | MPI us |" + (" gloo us |" if args.gloo else "") +
-              (" floor us | (collx - floor)/MPI (paired) |" if solo else "") +
+              (" floor us | (collx - floor)/MPI (paired) | floor+MPI us | (collx - floor)/(floor+MPI - floor) |"
+               if solo else "") +
               " collx busbw | MPI busbw | busbw collx/MPI (paired) | collx in op/MPI (paired) |")
-        print("|---" * (9 + args.gloo + 2 * bool(solo)) + "|")
+        print("|---" * (9 + args.gloo + 4 * bool(solo)) + "|")
         for r in rows:
             m = r["median_us"]
             gloo = f" {m['gloo']:.1f} |" if args.gloo else ""
-            floor = f" {m['floor']:.1f} | {r['beyond_floor_over_mpi']:.2f} |" if solo else ""
+            floor = (f" {m['floor']:.1f} | {r['beyond_floor_over_mpi']:.2f} | {m['floor+mpi']:.1f} |"
+                     f" {r['beyond_floor_over_mpi_after_floor']:.2f} |") if solo else ""
             print(f"| {r['bytes']} | {', '.join(r['collx_ran'])} | {m['collx']:.1f} | {m['in_op']:.1f} | {m['mpi']:.1f} |"
                   f"{gloo}{floor} {r['busbw']['collx']:.3f} | {r['busbw']['mpi']:.3f} | {r['collx_over_mpi_busbw']:.2f} |"
                   f" {r['in_op_over_mpi']:.2f} |")
