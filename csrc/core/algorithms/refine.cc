@@ -179,7 +179,9 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
     if (quarter >= 2) pending_ = &k.check[quarter - 2];
   } else {
     k.keptOps = 1;  // this op
-    k.recheckOps = k.doubted ? confirmOpsFor(k.agreedUs[k.kept]) : recheckOpsFor(k.agreedUs[k.kept]);
+    // A doubted choice, and a saved one (the other candidates' times are
+    // another run's), meet the others again after kConfirmUs of ops.
+    k.recheckOps = k.doubted || k.saved ? confirmOpsFor(k.agreedUs[k.kept]) : recheckOpsFor(k.agreedUs[k.kept]);
     line = describe(cls, k);
   }
   lock.unlock();
@@ -450,7 +452,10 @@ std::string Refiner::describe(size_t bytes, const Class& k) {
                        : str("; over ", tenths(kSpellRatio), "x the model's ", tenths(k.predictedUs), " us");
     out += str(": tried again after ", k.recheckOps, " ops");
   }
-  if (k.saved) out += "; the saved choice, checked";
+  if (k.saved) {
+    out += "; the saved choice, checked";
+    if (!k.doubted) out += str("; tried again after ", k.recheckOps, " ops");
+  }
   return out;
 }
 

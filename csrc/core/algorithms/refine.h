@@ -71,8 +71,11 @@
 // cache; the next group with that cache key seeds them. A seeded class
 // whose saved choice is among its candidates skips its trial and starts at
 // the check of that choice: within kTrustRatio
-// of its saved time, it settles there (the next run of a job pays no trial);
-// over it, the machine is not what it was, and a trial follows.
+// of its saved time, it settles there (the next run of a job pays no trial
+// in its first ops); over it, the machine is not what it was, and a trial
+// follows. A check times the saved choice only, while the others' times are
+// another run's, which a slow spell there may have left high: a saved choice
+// meets them again in a trial after kConfirmUs of its ops, as a doubted one.
 #pragma once
 
 #include <algorithm>
