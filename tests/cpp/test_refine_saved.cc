@@ -46,7 +46,7 @@ void testSavedChoiceSettlesAfterItsCheck() {
                              "tried again after ",
                              Refiner::confirmOpsFor(11.0), " ops"),
           "rank ", r, ": ", line);
-    CHECK(!refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": still trying");
+    CHECK(refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": settled before the trial after its check");
     runKept(refiner, c, Algorithm::kDirect, 11.0, 100);
   });
 }
@@ -77,7 +77,8 @@ void testSavedChoiceMeetsTheOthersAgain() {
     refiner.seed(kSavedDirect);
     runCheck(refiner, c, kClose, Algorithm::kDirect, 10.0);
     runKept(refiner, c, Algorithm::kDirect, 10.0, Refiner::confirmOpsFor(10.0));
-    CHECK(!refiner.trying(kClose, Algorithm::kDirect), "rank ", r, ": tried before its time");
+    CHECK(refiner.trying(kClose, Algorithm::kDirect) && refiner.describe().find("refining: ") == std::string::npos,
+          "rank ", r, ": ", refiner.describe());
     runDirectRingTrial(refiner, c, 10.0, 5.0);
     runCheck(refiner, c, kClose, Algorithm::kRing, 5.0);
     CHECK(line.rfind("refined: 256 KiB: ring (5.0 us) over direct (10.0 us)", 0) == 0 &&

@@ -410,7 +410,7 @@ bool Refiner::trying(size_t bytes, Algorithm choice) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = classes_.find(keyOf(bytes, choice));
   const Class* k = it == classes_.end() ? nullptr : &it->second;
-  return k && k->count >= 2 && (k->kept < 0 || k->checkOps > 0 || k->doubted);
+  return k && k->count >= 2 && (k->kept < 0 || k->checkOps > 0 || k->doubted || k->saved);
 }
 
 int Refiner::blockFor(double us) { return us <= 1000 ? kMaxBlock : us <= 4000 ? kMaxBlock / 2 : kMaxBlock / 4; }

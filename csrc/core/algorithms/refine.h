@@ -128,7 +128,8 @@ class Refiner {
   // ops run).
   Algorithm kept(size_t bytes, Algorithm choice) const;
   // Whether the class of `bytes`, tried from a choice of `choice`'s kind, is
-  // in the middle of a trial or its check, or awaits its second trial.
+  // in the middle of a trial or its check, or awaits its second trial (or,
+  // for a saved choice, the trial after its check).
   bool trying(size_t bytes, Algorithm choice) const;
   // B for a class whose model's choice is predicted at `us` per op, and
   // how many ops at the start of a block go uncounted.
