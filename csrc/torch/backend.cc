@@ -9,6 +9,31 @@
 
 namespace collx::torch_glue {
 
+// A queued op: what its task's run and cancel share, made once per op (its
+// trace in place) and shared by pointer rather than copied into each.
+struct CollxBackend::Queued {
+  Queued(CollxBackend& b, OpKind k, DataType d, uint64_t s, bool c, std::chrono::milliseconds t, Body run,
+         std::shared_ptr<Staging> st)
+      : backend(b), kind(k), dtype(d), seq(s), collective(c), timeout(t), body(std::move(run)), staging(std::move(st)) {}
+
+  CollxBackend& backend;
+  c10::intrusive_ptr<CollxWork> work;
+  OpKind kind;
+  DataType dtype;
+  uint64_t seq;
+  bool collective;
+  std::chrono::milliseconds timeout;
+  Body body;
+  std::shared_ptr<Staging> staging;
+  std::optional<OpTrace> trace;
+
+  // "collx all_reduce #3 (float32) failed on rank 0: ".
+  std::string failedOn() const {
+    return collx::str("collx ", name(kind), collective ? collx::str(" #", seq) : std::string(), " (", name(dtype),
+                      ") failed on rank ", backend.rank_, ": ");
+  }
+};
+
 c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                                     std::vector<at::Tensor> outputs,
                                                     std::chrono::milliseconds timeout, Body body, bool collective,
@@ -26,79 +51,79 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   }
   // Drawn after the last check that may throw: a rejected op's number goes to its cancel.
   const uint64_t seq = collective ? ++seq_ : seq_.load();
-  std::shared_ptr<OpTrace> trace;
+  auto q = std::make_shared<Queued>(*this, kind, dtype, seq, collective, timeout, std::move(body), std::move(staging));
   if (config_.tracing && OpTrace::wanted()) {
-    trace = std::make_shared<OpTrace>(trace_, pgName(), rank_, size_, name(kind), seq, false,
-                                      inputs.empty() ? outputs : inputs, outputs, timeout);
+    q->trace.emplace(trace_, pgName(), rank_, size_, name(kind), seq, false, inputs.empty() ? outputs : inputs,
+                     outputs, timeout);
   }
   auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq, std::move(devices));
-  auto describe = [this, kind, dtype, seq, collective] {
-    return collx::str("collx ", name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
-                      name(dtype), ") failed on rank ", rank_, ": ");
-  };
+  q->work = work;
   Executor::Task task;
-  task.run = [this, work, kind, dtype, seq, collective, timeout, body = std::move(body), describe, staging, trace] {
-    const auto start = Clock::now();
-    work->markStarted(start);
-    if (collective) device().noteProgress(seq, kind, false);
-    // The trace's entry completes (or fails) before the Work does.
-    std::optional<OpTrace::Running> running;
-    if (trace) running.emplace(*trace);
-    const bool profiling = running && running->profiling();
-    const TransportCounters before = profiling ? traffic() : TransportCounters{};
-    // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
-    const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
-    Collective c{device(), kind, dtype, seq, start + timeout, config_.segmentBytes, config_.treeArity,
-                 workspace_, &tuning_, refines ? refiner_.get() : nullptr};
-    std::exception_ptr error;
-    try {
-      if (staging) staging->copyIn();
-      std::string label = body(c);
-      if (staging) staging->copyOut();
-      if (running) running->finish(label, before, profiling ? traffic() : TransportCounters{});
-      if (collective) device().noteProgress(seq, kind, true);
-      const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-      {
-        std::lock_guard<std::mutex> lock(statsMutex_);
-        ++stats_.ops;
-        if (staging) {
-          ++stats_.stagedOps;
-          stats_.deviceReductions += staging->deviceReductions();
-          stats_.inTensorReductions += staging->inTensorReductions();
-        }
-        auto& s = stats_.perAlgorithm[label];
-        ++s.calls;
-        s.seconds += secs;
-      }
-      if (logs(LogLevel::kTrace)) {
-        log(LogLevel::kTrace, collx::str(name(kind), collective ? collx::str(" #", seq) : std::string(), " (",
-                                         name(dtype), "): ", label, staging ? " staged" : "", ", ",
-                                         millis(secs * 1e3), " ms"));
-      }
-    } catch (const std::exception& e) {
-      const auto failure = device().failure();
-      const std::string why = (failure == tcp::Device::Failure::kTimeout ? whoIsMissing(timeout) : "") + e.what();
-      error = distError(describe() + why);
-      if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + why);
-      if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) {
-        trace_.dumpOnFailure(why, rank_, size_);
-        runAbortHooks();
-      }
-    }
-    running.reset();
-    work->complete(error);
+  task.run = [q] { q->backend.runQueued(*q); };
+  task.cancel = [q](const std::string& why) {
+    if (q->trace) q->trace->retire();
+    if (q->backend.logs(LogLevel::kWarn)) q->backend.log(LogLevel::kWarn, q->failedOn() + why);
+    q->work->complete(distError(q->failedOn() + why));
   };
-  task.cancel = [this, work, describe, trace](const std::string& why) {
-    if (trace) trace->retire();
-    if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, describe() + why);
-    work->complete(distError(describe() + why));
-  };
-  if (aborted_) C10_THROW_ERROR(DistBackendError, describe() + abortedMessage());
+  if (aborted_) C10_THROW_ERROR(DistBackendError, q->failedOn() + abortedMessage());
   asDistError(name(kind), rank_, [&] {
     work->attach(executor_, executor_->submit(std::move(task), /*wake=*/!tCallerWaits));
     return 0;
   });
   return work;
+}
+
+void CollxBackend::runQueued(Queued& q) {
+  const auto start = Clock::now();
+  q.work->markStarted(start);
+  if (q.collective) device().noteProgress(q.seq, q.kind, false);
+  // The trace's entry completes (or fails) before the Work does.
+  std::optional<OpTrace::Running> running;
+  if (q.trace) running.emplace(*q.trace);
+  const bool profiling = running && running->profiling();
+  const TransportCounters before = profiling ? traffic() : TransportCounters{};
+  // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
+  const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
+  Collective c{device(), q.kind, q.dtype, q.seq, start + q.timeout, config_.segmentBytes, config_.treeArity,
+               workspace_, &tuning_, refines ? refiner_.get() : nullptr};
+  const std::shared_ptr<Staging>& staging = q.staging;
+  std::exception_ptr error;
+  try {
+    if (staging) staging->copyIn();
+    std::string label = q.body(c);
+    if (staging) staging->copyOut();
+    if (running) running->finish(label, before, profiling ? traffic() : TransportCounters{});
+    if (q.collective) device().noteProgress(q.seq, q.kind, true);
+    const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+    {
+      std::lock_guard<std::mutex> lock(statsMutex_);
+      ++stats_.ops;
+      if (staging) {
+        ++stats_.stagedOps;
+        stats_.deviceReductions += staging->deviceReductions();
+        stats_.inTensorReductions += staging->inTensorReductions();
+      }
+      auto& s = stats_.perAlgorithm[label];
+      ++s.calls;
+      s.seconds += secs;
+    }
+    if (logs(LogLevel::kTrace)) {
+      log(LogLevel::kTrace, collx::str(name(q.kind), q.collective ? collx::str(" #", q.seq) : std::string(), " (",
+                                       name(q.dtype), "): ", label, staging ? " staged" : "", ", ",
+                                       millis(secs * 1e3), " ms"));
+    }
+  } catch (const std::exception& e) {
+    const auto failure = device().failure();
+    const std::string why = (failure == tcp::Device::Failure::kTimeout ? whoIsMissing(q.timeout) : "") + e.what();
+    error = distError(q.failedOn() + why);
+    if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, q.failedOn() + why);
+    if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) {
+      trace_.dumpOnFailure(why, rank_, size_);
+      runAbortHooks();
+    }
+  }
+  running.reset();
+  q.work->complete(error);
 }
 
 namespace {

@@ -223,6 +223,9 @@ class CollxBackend : public c10d::Backend {
   c10::intrusive_ptr<CollxWork> enqueue(c10d::OpType type, OpKind kind, DataType dtype,
                                         std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
                                         Body body, bool collective = true, std::vector<at::Tensor> inputs = {});
+  struct Queued;
+  // Runs a queued op (on the executor, or inline in its waiting caller) and completes its Work.
+  void runQueued(Queued& q);
   // The group's name and description, as torch set them.
   PgName pgName() const { return {getGroupUid(), getGroupDesc()}; }
   // Device tensors (and CPU ones under stageCpuTensors) get a Staging; the
