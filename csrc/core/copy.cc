@@ -1,5 +1,6 @@
 #include "copy.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -29,7 +30,7 @@ __attribute__((target("avx2"))) inline void store(char* at, __m256i v) {
 
 template <bool kStream>
 __attribute__((target("avx2"))) void copyVectors(char* dst, const char* src, size_t n) {
-  const size_t head = (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31;
+  const size_t head = std::min(n, (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31);
   std::memcpy(dst, src, head);
   size_t i = head;
   for (; i + 128 <= n; i += 128) {
@@ -59,9 +60,9 @@ void copyBytes(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
-void streamBytes(void* dst, const void* src, size_t n) {
+void streamBytes(void* dst, const void* src, size_t n, size_t whole) {
 #if defined(__x86_64__)
-  if (kAvx2 && n >= kStreamMinBytes) {
+  if (kAvx2 && whole >= kStreamMinBytes) {
     return copyVectors<true>(static_cast<char*>(dst), static_cast<const char*>(src), n);
   }
 #endif

@@ -41,8 +41,10 @@ void moveBytes(void* dst, const void* src, size_t n);
 // (docs/measurements.md).
 constexpr size_t kStreamMinBytes = size_t(8) << 20;
 
-// copyBytes, with non-temporal stores from kStreamMinBytes where the CPU
-// has AVX2; for buffers that do not overlap.
-void streamBytes(void* dst, const void* src, size_t n);
+// copyBytes, with non-temporal stores where the CPU has AVX2 and `whole`,
+// the bytes of the copy these n bytes are a piece of, reaches
+// kStreamMinBytes; for buffers that do not overlap.
+void streamBytes(void* dst, const void* src, size_t n, size_t whole);
+inline void streamBytes(void* dst, const void* src, size_t n) { streamBytes(dst, src, n, n); }
 
 }  // namespace collx

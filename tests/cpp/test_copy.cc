@@ -70,6 +70,16 @@ void testStreamMatchesLibc() {
       }
     }
   }
+  // A piece of a streamed copy may be shorter than the stores' alignment.
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(31), size_t(33), size_t(129), size_t(4004)}) {
+    for (size_t d : {size_t(0), size_t(1), size_t(17), size_t(45)}) {
+      std::fill(want.begin(), want.end(), char(0x5a));
+      std::fill(got.begin(), got.end(), char(0x5a));
+      std::memcpy(want.data() + d, src.data() + 5, n);
+      streamBytes(got.data() + d, src.data() + 5, n, kStreamMinBytes);
+      CHECK(want == got, "streamBytes of a ", n, "-byte piece to ", d);
+    }
+  }
 }
 
 // An all-gather from inputs apart from the output, whose own block is
