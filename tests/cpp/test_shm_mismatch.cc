@@ -23,8 +23,8 @@ using test::shmAllgatherFlat;
 // The other collectives in shared windows check the op's identity too, the
 // root of a broadcast included: ranks that disagree fail before any of them
 // writes a byte of its buffer; through the windows, or reading the peers'
-// memory.
-void testWindowsMismatch(bool readPeers) {
+// memory; the all-gather in place, or from an input apart from its output.
+void testWindowsMismatch(bool readPeers, bool inputApart) {
   Group g(3, over(shm::Mode::kShm, readPeers));
   std::vector<std::string> errors(3);
   std::vector<char> untouched(3, 0);
@@ -35,7 +35,10 @@ void testWindowsMismatch(bool readPeers) {
     Collective c{*g.devices[r], r == 2 ? OpKind::kAllgather : OpKind::kBroadcast, DataType::kInt32, 1,
                  Clock::now() + std::chrono::seconds(20), 1 << 16, 2, ws};
     try {
-      if (r == 2) {
+      if (r == 2 && inputApart) {
+        const std::vector<int32_t> input(block, 7);
+        shmAllgather(c, input.data(), blocksAt<void*>(buf.data(), 3, block * sizeof(int32_t)), block);
+      } else if (r == 2) {
         shmAllgatherFlat(c, buf.data(), block);
       } else {
         shmBroadcast(c, buf.data(), buf.size(), r);  // each thinks itself the root
@@ -118,7 +121,9 @@ void testBothTransportsInOneOp() {
 }  // namespace
 
 int main() {
-  for (bool readPeers : {false, true}) testWindowsMismatch(readPeers);
+  for (bool readPeers : {false, true}) {
+    for (bool inputApart : {false, true}) testWindowsMismatch(readPeers, inputApart);
+  }
   testMismatchAcrossTransports();
   testBothTransportsInOneOp();
   std::printf("shm mismatch: identities, across transports, both transports in one op ok\n");

@@ -58,16 +58,13 @@ void ShmChunks::begin() {
   k_ = mine_.posted.load(std::memory_order_relaxed);
 }
 
-void ShmChunks::publishPost() {
+void ShmChunks::post() {
   WindowControl::Op& op = mine_.op[k_ % 2];
   op.seq.store(c_.seq, std::memory_order_relaxed);
   op.count.store(count_, std::memory_order_relaxed);
   op.shape.store(shape_, std::memory_order_relaxed);
   mine_.posted.store(k_ + 1, std::memory_order_seq_cst);
   w_.publish();
-}
-
-void ShmChunks::awaitPosts() {
   waitAll(&WindowControl::posted, k_ + 1, "posted");
   // A peer posts after its earlier messages left: a cancel of an op it
   // rejected, or the data of one this rank rejected, is in its channel now.

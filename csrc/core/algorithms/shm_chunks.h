@@ -68,17 +68,7 @@ class ShmChunks {
     }
   }
 
-  void post() {
-    post([] {});
-  }
-  // post(), running meanwhile() between this rank's post and the wait for
-  // the peers': local work that needs nothing of theirs.
-  template <class Meanwhile>
-  void post(Meanwhile&& meanwhile) {
-    publishPost();
-    meanwhile();
-    awaitPosts();
-  }
+  void post();
   void reduced();
   // Bytes this rank wrote into its window for the peers, and copied from theirs.
   void moved(size_t sent, size_t received) { w_.count(Carrier::kShmWindow, sent, received); }
@@ -130,8 +120,6 @@ class ShmChunks {
 
  private:
   void begin();
-  void publishPost();
-  void awaitPosts();
   void gathered();
   using Counter = std::atomic<uint64_t> WindowControl::*;
   // Waits until every rank's `which` has reached `k`.

@@ -29,9 +29,9 @@
 //        in rank order, the first sum in one pass over three operands
 //
 //   all-gather
-//     1. copy a piece of my block into my half; post, and while the peers
-//        post, copy the piece into my own block of the output
-//     2. copy the same piece of every peer's block from its half
+//     1. copy a piece of my block into my half; post
+//     2. copy the piece into my own block of the output, and the same piece
+//        of every peer's block from its half
 //
 // Broadcast always takes the windows: the root's copy-in overlaps the
 // readers' copies, and reading in place was slower (docs/measurements.md):
@@ -162,21 +162,20 @@ void shmAllgather(const Collective& c, const void* in, const std::vector<void*>&
     if (!apart) placeMine();
     return;
   }
-  // Apart from the input, this rank's own block fills piece by piece while
-  // it waits for the peers' posts: a rank that came early to the op does it
-  // in its wait, and the piece is still in cache from the copy into the window.
-  const bool inWaits = bytes > 0 && block(me) != mine && !overlaps(block(me), mine, bytes);
+  // Apart from the input, this rank's own block goes in piece by piece, each
+  // piece while it is in cache from its copy into the window; after post(),
+  // which checks the op: a mismatched op writes nothing.
+  const bool inPieces = bytes > 0 && block(me) != mine && !overlaps(block(me), mine, bytes);
   chunks.forEach(blockCount, chunks.halfElems(), [&](size_t done, size_t len) {
     copyBytes(chunks.half(me), mine + done * es, len * es);
-    chunks.post([&] {
-      if (inWaits) streamBytes(block(me) + done * es, mine + done * es, len * es, bytes);
-    });
+    chunks.post();
+    if (inPieces) streamBytes(block(me) + done * es, mine + done * es, len * es, bytes);
     for (int r = 0; r < n; ++r) {
       if (r != me) copyBytes(block(r) + done * es, chunks.half(r), len * es);
     }
     chunks.moved(len * es, size_t(n - 1) * len * es);
   });
-  if (!inWaits) placeMine();
+  if (!inPieces) placeMine();
 }
 
 void shmBroadcast(const Collective& c, void* buf, size_t count, int root) {
