@@ -27,11 +27,12 @@ struct CollxBackend::Queued {
   std::shared_ptr<Staging> staging;
   std::optional<OpTrace> trace;
 
-  // "collx all_reduce #3 (float32) failed on rank 0: ".
-  std::string failedOn() const {
-    return collx::str("collx ", name(kind), collective ? collx::str(" #", seq) : std::string(), " (", name(dtype),
-                      ") failed on rank ", backend.rank_, ": ");
+  // "all_reduce #3 (float32)".
+  std::string what() const {
+    return collx::str(name(kind), collective ? collx::str(" #", seq) : std::string(), " (", name(dtype), ")");
   }
+  // "collx all_reduce #3 (float32) failed on rank 0: ".
+  std::string failedOn() const { return collx::str("collx ", what(), " failed on rank ", backend.rank_, ": "); }
 };
 
 c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind kind, DataType dtype,
@@ -108,9 +109,8 @@ void CollxBackend::runQueued(Queued& q) {
       s.seconds += secs;
     }
     if (logs(LogLevel::kTrace)) {
-      log(LogLevel::kTrace, collx::str(name(q.kind), q.collective ? collx::str(" #", q.seq) : std::string(), " (",
-                                       name(q.dtype), "): ", label, staging ? " staged" : "", ", ",
-                                       millis(secs * 1e3), " ms"));
+      log(LogLevel::kTrace,
+          collx::str(q.what(), ": ", label, staging ? " staged" : "", ", ", millis(secs * 1e3), " ms"));
     }
   } catch (const std::exception& e) {
     const auto failure = device().failure();

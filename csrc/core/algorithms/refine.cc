@@ -179,9 +179,7 @@ Algorithm Refiner::choose(const Collective& c, size_t bytes, Algorithm choice) {
     if (quarter >= 2) pending_ = &k.check[quarter - 2];
   } else {
     k.keptOps = 1;  // this op
-    // A doubted choice, and a saved one (the other candidates' times are
-    // another run's), meet the others again after kConfirmUs of ops.
-    k.recheckOps = k.doubted || k.saved ? confirmOpsFor(k.agreedUs[k.kept]) : recheckOpsFor(k.agreedUs[k.kept]);
+    k.recheckOps = k.confirms() ? confirmOpsFor(k.agreedUs[k.kept]) : recheckOpsFor(k.agreedUs[k.kept]);
     line = describe(cls, k);
   }
   lock.unlock();
@@ -410,7 +408,7 @@ bool Refiner::trying(size_t bytes, Algorithm choice) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = classes_.find(keyOf(bytes, choice));
   const Class* k = it == classes_.end() ? nullptr : &it->second;
-  return k && k->count >= 2 && (k->kept < 0 || k->checkOps > 0 || k->doubted || k->saved);
+  return k && k->count >= 2 && (k->kept < 0 || k->checkOps > 0 || k->confirms());
 }
 
 int Refiner::blockFor(double us) { return us <= 1000 ? kMaxBlock : us <= 4000 ? kMaxBlock / 2 : kMaxBlock / 4; }

@@ -219,6 +219,9 @@ class Refiner {
     bool firstChecked[kMax] = {};  // firstUs[i] is from a check
     bool seeded = false;           // the kept one is a saved choice, in its check
     bool saved = false;            // it was, and its check kept it
+    // Its choice meets the others again after kConfirmUs of its ops: it was
+    // doubted, or saved (the others' times are another run's).
+    bool confirms() const { return doubted || saved; }
   };
   struct Seed {
     Algorithm kept;
