@@ -47,7 +47,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from bench_common import cache_runs, launch_json, parse_sizes
-from mpi_allreduce import make_op
+from mpi_allreduce import make_op, run_aborting
 from mpi_beside import init_beside_mpi, refining, torch_call
 
 
@@ -175,4 +175,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_aborting(main)

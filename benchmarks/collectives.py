@@ -85,9 +85,9 @@ class Point:
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.out, self.inp, group=g)
         elif self.op == "broadcast":
-            dist.broadcast(self.out, src=ROOT, group=g)
+            dist.broadcast(self.out, group_src=ROOT, group=g)
         else:
-            dist.reduce(self.out, dst=ROOT, group=g)
+            dist.reduce(self.out, group_dst=ROOT, group=g)
 
     def check(self, check_non_root):
         """Fills known values, runs once, returns None or a description of the error."""

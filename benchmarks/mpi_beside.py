@@ -34,7 +34,8 @@ Ops as vs_mpi.py sizes and calls them: all_reduce float32 SUM in place
 (MPI_Allreduce with MPI_IN_PLACE; dist.all_reduce), reduce_scatter and
 all_gather by the larger buffer's bytes, out of place
 (MPI_Reduce_scatter_block, MPI_Allgather; dist.reduce_scatter_single,
-dist.all_gather_single). Each op's first result is checked on every rank.
+dist.all_gather_single), broadcast from rank 0 (MPI_Bcast; dist.broadcast, busbw
+its algbw). Each op's first result is checked on every rank.
 Needs `make bench-setup`.
 """
 import argparse
@@ -52,9 +53,8 @@ from mpi4py import MPI
 import torchcollx
 from bench_common import parse_sizes, stats_gained
 from collectives import Point, elements
-from mpi_allreduce import make_op
+from mpi_allreduce import OPS, make_op, run_aborting
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def torch_call(group, op, size, n, rank):
@@ -199,4 +199,4 @@ def refining(group, size):
 
 
 if __name__ == "__main__":
-    main()
+    run_aborting(main)
