@@ -72,7 +72,7 @@ $(VENV)/.bench: $(VENV)/.ready
 # alternating blocks (benchmarks/mpi_beside.py), and in alternating jobs
 # (benchmarks/vs_mpi.py); then the first ops of each size beside MPI's
 # (benchmarks/cold_beside_mpi.py).
-MPI_OPS := all_reduce reduce_scatter all_gather
+MPI_OPS := all_reduce reduce_scatter all_gather broadcast
 bench-mpi: build bench-setup
 	for n in 2 4; do for op in $(MPI_OPS); do \
 	  $(VENV)/bin/mpiexec -n $$n $(PY) benchmarks/mpi_beside.py --op $$op --gloo || exit 1; done; done
