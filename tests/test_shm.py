@@ -351,7 +351,7 @@ def _stacked_then_free(rank, ws, ops):
         dist.all_reduce(x)
         assert x[0].item() == x[-1].item() == 2 * i + 1, (i, x[0].item())
         cores.append((sched_getcpu(), time.monotonic()))
-    return cores, os.sched_getaffinity(0) == mask, torchcollx.get_stats()["core_moves"], time.monotonic() - start
+    return cores, os.sched_getaffinity(0) == mask, torchcollx.get_stats()["core_moves"], start
 
 
 # A stack made this way often parts by itself within a few ops, where jobs
@@ -361,11 +361,12 @@ def _stacked_then_free(rank, ws, ops):
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_ranks_started_on_one_core_part_within_a_few_ops():
     ops = 300
-    (a, kept_a, moves_a, secs_a), (b, kept_b, moves_b, secs_b) = run_ranks(_stacked_then_free, 2, timeout=90,
-                                                                           env=TABLE, args=(ops,))
+    (a, kept_a, moves_a, start_a), (b, kept_b, moves_b, start_b) = run_ranks(_stacked_then_free, 2, timeout=90,
+                                                                             env=TABLE, args=(ops,))
     assert kept_a and kept_b, "a rank's affinity mask changed"
-    # A thread moves at most once per 10 ms (the setup's ops before `start` included).
-    for moves, secs in ((moves_a, secs_a), (moves_b, secs_b)):
+    # A thread moves at most once per 10 ms (the setup's ops before the loop included).
+    for moves, cores, start in ((moves_a, a, start_a), (moves_b, b, start_b)):
+        secs = cores[-1][1] - start
         assert 0 <= moves <= 2 + secs * 100, (moves, secs)
     # Every stretch of ops on one core ends within 20 ops: the stack they
     # started in, and any the scheduler makes later (on a busy machine it
@@ -379,7 +380,7 @@ def test_ranks_started_on_one_core_part_within_a_few_ops():
             first = i
         elif not on_one and first is not None:
             end = max(a[i - 1][1], b[i - 1][1])
-            start = min(a[first - 1][1], b[first - 1][1]) if first else a[-1][1] - secs_a  # or the loop's start
+            start = min(a[first - 1][1], b[first - 1][1]) if first else min(start_a, start_b)
             stretches.append((first, i - first, end - start))
             first = None
     long = [s for s in stretches if s[1] > 20 and s[2] > 0.020]
