@@ -32,7 +32,7 @@ void P2PLink::queue(const FrameHeader& header, const void* payload, uint64_t id)
 }
 
 bool P2PLink::unqueue(uint64_t id) {
-  auto it = std::find_if(frames_.begin(), frames_.end(), [&](const Outgoing& o) { return o.id == id; });
+  auto it = std::find_if(frames_.begin(), frames_.end(), [&](const OutFrame& o) { return o.id == id; });
   if (it == frames_.end() || it->done > 0) return false;
   frames_.erase(it);
   return true;
@@ -45,33 +45,14 @@ bool P2PLink::writing(uint64_t id) const {
 void P2PLink::write(std::vector<uint64_t>& written) {
   while (!frames_.empty() && stream_.valid()) {
     iovec iov[kMaxIov];
-    int n = 0;
-    for (auto it = frames_.begin(); it != frames_.end() && n + 2 <= kMaxIov; ++it) {
-      size_t off = it->done;
-      if (off < sizeof(FrameHeader)) {
-        iov[n++] = {reinterpret_cast<char*>(&it->header) + off, sizeof(FrameHeader) - off};
-        off = sizeof(FrameHeader);
-      }
-      if (off - sizeof(FrameHeader) < it->bytes) {
-        iov[n++] = {const_cast<char*>(it->payload) + (off - sizeof(FrameHeader)), it->bytes - (off - sizeof(FrameHeader))};
-      }
-    }
+    const int n = unwrittenParts(frames_.begin(), frames_.end(), iov, kMaxIov);
     ssize_t rc = stream_.sendv(iov, n);
     if (rc < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       fail("failed while sending", errno);
     }
-    for (size_t left = size_t(rc); left > 0;) {
-      Outgoing& o = frames_.front();
-      size_t take = std::min(left, sizeof(FrameHeader) + o.bytes - o.done);
-      o.done += take;
-      left -= take;
-      if (o.done == sizeof(FrameHeader) + o.bytes) {
-        written.push_back(o.id);
-        frames_.pop_front();
-      }
-    }
+    retireWritten(frames_, size_t(rc), written);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../socket/outgoing.h"
 #include "../socket/stream.h"
 #include "../socket/wire.h"
 
@@ -49,13 +50,6 @@ class P2PLink {
   void close() { stream_.close(); }
 
  private:
-  struct Outgoing {
-    FrameHeader header;
-    const char* payload;
-    size_t bytes;  // of payload
-    size_t done;   // of sizeof(header) + bytes
-    uint64_t id;
-  };
   // Ensures `want` bytes sit in the receive buffer; false if not yet.
   bool fill(size_t want);
   [[noreturn]] void fail(const std::string& what, int err) const;
@@ -63,7 +57,7 @@ class P2PLink {
   int rank_;
   int peer_;
   Stream stream_;
-  std::deque<Outgoing> frames_;
+  std::deque<OutFrame> frames_;
   std::vector<char> rx_;
   size_t rxBegin_ = 0;
   size_t rxEnd_ = 0;

@@ -43,7 +43,7 @@ void Pair::postSend(const Frame& f, const void* data, size_t bytes, uint64_t coo
   h.tag = f.tag;
   h.seq = f.seq;
   h.bytes = bytes;
-  sends_.push_back(SendOp{h, static_cast<const char*>(data), bytes, 0, cookie});
+  sends_.push_back(OutFrame{h, static_cast<const char*>(data), bytes, 0, cookie});
 }
 
 void Pair::postRecv(const Frame& f, void* data, size_t bytes, uint64_t cookie) {
@@ -63,20 +63,9 @@ void Pair::fail(const std::string& what, int err) const {
 
 void Pair::progressSend(std::vector<uint64_t>& done) {
   while (!sends_.empty()) {
-    // Gather the unsent parts of the queued messages into one sendmsg.
+    // The unwritten parts of the queued messages in one sendmsg.
     iovec iov[kMaxIov];
-    int n = 0;
-    for (auto it = sends_.begin(); it != sends_.end() && n + 2 <= kMaxIov; ++it) {
-      size_t off = it->done;
-      if (off < sizeof(FrameHeader)) {
-        iov[n++] = {reinterpret_cast<char*>(&it->header) + off, sizeof(FrameHeader) - off};
-        off = sizeof(FrameHeader);
-      }
-      size_t payloadDone = off - sizeof(FrameHeader);
-      if (payloadDone < it->bytes) {
-        iov[n++] = {const_cast<char*>(it->data) + payloadDone, it->bytes - payloadDone};
-      }
-    }
+    const int n = unwrittenParts(sends_.begin(), sends_.end(), iov, kMaxIov);
     ssize_t rc = stream_.sendv(iov, n);
     if (rc < 0) {
       if (errno == EINTR) continue;
@@ -85,22 +74,7 @@ void Pair::progressSend(std::vector<uint64_t>& done) {
       if (err == EPIPE || err == ECONNRESET) throwSalvagedAbort();
       fail("failed while sending", err);
     }
-    // Retire fully written messages.
-    size_t left = size_t(rc);
-    while (left > 0) {
-      SendOp& op = sends_.front();
-      size_t total = sizeof(FrameHeader) + op.bytes;
-      size_t take = std::min(left, total - op.done);
-      // Count payload bytes only, not the header.
-      bytesSent_ += std::max(op.done + take, sizeof(FrameHeader)) -
-                    std::max(op.done, sizeof(FrameHeader));
-      op.done += take;
-      left -= take;
-      if (op.done == total) {
-        done.push_back(op.cookie);
-        sends_.pop_front();
-      }
-    }
+    bytesSent_ += retireWritten(sends_, size_t(rc), done);
   }
 }
 
@@ -130,16 +104,10 @@ bool Pair::fill(size_t want, bool endIsError) {
 }
 
 bool Pair::finishPartialSend(Deadline deadline) {
-  SendOp& op = sends_.front();
-  const size_t total = sizeof(FrameHeader) + op.bytes;
-  while (op.done < total) {
+  OutFrame& op = sends_.front();
+  while (op.done < op.total()) {
     iovec iov[2];
-    int n = 0;
-    if (op.done < sizeof(FrameHeader)) {
-      iov[n++] = {reinterpret_cast<char*>(&op.header) + op.done, sizeof(FrameHeader) - op.done};
-    }
-    size_t payloadDone = op.done > sizeof(FrameHeader) ? op.done - sizeof(FrameHeader) : 0;
-    if (payloadDone < op.bytes) iov[n++] = {const_cast<char*>(op.data) + payloadDone, op.bytes - payloadDone};
+    const int n = unwrittenParts(sends_.begin(), sends_.begin() + 1, iov, 2);
     ssize_t rc = stream_.sendv(iov, n);
     if (rc > 0) {
       op.done += size_t(rc);
@@ -336,7 +304,7 @@ std::string Pair::describePending() const {
              " (", r.got, " of ", r.bytes, " bytes arrived)");
   }
   if (!sends_.empty()) {
-    const SendOp& o = sends_.front();
+    const OutFrame& o = sends_.front();
     if (!s.empty()) s += " and ";
     s += str("send of ", describe(OpKind(o.header.kind), DataType(o.header.dtype), o.header.seq,
                                    o.header.tag, o.bytes));

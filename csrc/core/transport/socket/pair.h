@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "outgoing.h"
 #include "stream.h"
 #include "wire.h"
 
@@ -89,13 +90,6 @@ class Pair {
   void throwIfAbortNoted() const;
 
  private:
-  struct SendOp {
-    FrameHeader header;
-    const char* data;
-    size_t bytes;
-    size_t done;  // of sizeof(header) + bytes
-    uint64_t cookie;
-  };
   struct RecvOp {
     Frame expect;
     char* data;
@@ -130,7 +124,7 @@ class Pair {
   Stream stream_;
   bool connected_;
   const std::set<uint64_t>* cancelled_;
-  std::deque<SendOp> sends_;
+  std::deque<OutFrame> sends_;
   std::deque<RecvOp> recvs_;
 
   // Small frames arrive several per recv(); large payloads bypass this buffer.
