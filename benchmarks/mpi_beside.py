@@ -22,7 +22,12 @@ its own meets no such skew (nor the caches a torch call leaves). So with
 --floor every round also times a block of the floor call followed by MPI's
 op ("floor+MPI"): its time beyond the floor is MPI's op where collx's runs,
 between torch calls, and the last floor column compares collx's time beyond
-the floor with that. "in op" is the time collx's own op took
+the floor with that. And a block of torch's fake backend's call on a
+one-rank group (a backend that moves nothing and costs nothing beyond
+torch's call and a Work) followed by MPI's op ("fake+MPI"): MPI's data path
+as the cheapest backend torch.distributed can call would run it, met by the
+same skew; "busbw collx/(fake+MPI)" sets collx, glue and all, against it.
+"in op" is the time collx's own op took
 (its get_stats seconds over the block's ops, from its start on collx's
 thread to its end): the op without torch's call and collx's Work around it.
 
@@ -49,6 +54,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from torch.testing._internal.distributed import fake_pg  # noqa: F401  (registers the "fake" backend)
 
 import torchcollx
 from bench_common import parse_sizes, stats_gained
@@ -103,7 +109,7 @@ def main():
     p.add_argument("--block-s", type=float, default=0.08, help="seconds per block, about")
     p.add_argument("--settle-s", type=float, default=10.0, help="most seconds of warm-up for auto to settle")
     p.add_argument("--gloo", action="store_true", help="a gloo block in every round too")
-    p.add_argument("--floor", action="store_true", help="a block of each rank's own one-rank collx group too")
+    p.add_argument("--floor", action="store_true", help="blocks of each rank's own one-rank collx group, and of MPI after it and after a fake backend's call, too")
     p.add_argument("--json", help="rank 0 writes its rows here")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
@@ -113,6 +119,7 @@ def main():
     if args.gloo:
         groups["gloo"] = dist.group.WORLD
     solo = [dist.new_group(ranks=[r], backend="collx") for r in range(n)][rank] if args.floor else None
+    fake = [dist.new_group(ranks=[r], backend="fake") for r in range(n)][rank] if args.floor else None
     rows = []
     for size in parse_sizes(args.sizes, "1G", 4):
         mpi, factor, right, _ = make_op(comm, args.op, size)
@@ -124,6 +131,10 @@ def main():
             # peers as skewed as collx's op does (torch's calls jitter).
             (floor_call, floor_first), (mpi2, _, right2, _) = calls["floor"], make_op(comm, args.op, size)
             calls["floor+mpi"] = ((lambda: (floor_call(), mpi2())), lambda: floor_first() and (mpi2(), right2())[1])
+            # The fake backend moves nothing: only MPI's result is checked.
+            (fake_call, _), (mpi3, _, right3, _) = torch_call(fake, args.op, size, 1, 0), make_op(comm, args.op, size)
+            calls["fake"] = (fake_call, lambda: True)
+            calls["fake+mpi"] = ((lambda: (fake_call(), mpi3())), lambda: (fake_call(), mpi3(), right3())[2])
         for name, (_, first) in calls.items():
             if not comm.allreduce(bool(first()), op=MPI.LAND):
                 raise SystemExit(f"{name} returned a wrong {args.op} result at {size} B")
@@ -163,27 +174,30 @@ def main():
                "median_us": {k: statistics.median(v) for k, v in times.items()},
                "collx_over_mpi_busbw": statistics.median(m / c for m, c in zip(times["mpi"], times["collx"]))}
         row["busbw"] = {k: nbytes / us / 1e3 * factor for k, us in row["median_us"].items()
-                        if k not in ("floor", "in_op", "floor+mpi")}
+                        if k not in ("floor", "in_op", "floor+mpi", "fake", "fake+mpi")}
         row["in_op_over_mpi"] = statistics.median(i / m for i, m in zip(times["in_op"], times["mpi"]))
         if solo:
             row["beyond_floor_over_mpi"] = statistics.median(
                 (c - f) / m for c, f, m in zip(times["collx"], times["floor"], times["mpi"]))
             row["beyond_floor_over_mpi_after_floor"] = statistics.median(
                 (c - f) / (fm - f) for c, f, fm in zip(times["collx"], times["floor"], times["floor+mpi"]))
+            row["busbw_over_fake_mpi"] = statistics.median(
+                fm / c for c, fm in zip(times["collx"], times["fake+mpi"]))
         rows.append(row)
     if rank == 0:
         print(f"{args.op}, n={n}, float32; {args.rounds} rounds of alternating blocks (~{args.block_s} s each), "
               "us per op (max over ranks, median over rounds); busbw GB/s; the ratio is the median of each round's")
         print("| bytes | collx ran | collx us | collx in op us | MPI us |" + (" gloo us |" if args.gloo else "") +
               (" floor us | (collx - floor)/MPI (paired) | floor+MPI us | (collx - floor)/(floor+MPI - floor) |"
-               if solo else "") +
+               " fake us | fake+MPI us | busbw collx/(fake+MPI) (paired) |" if solo else "") +
               " collx busbw | MPI busbw | busbw collx/MPI (paired) | collx in op/MPI (paired) |")
-        print("|---" * (9 + args.gloo + 4 * bool(solo)) + "|")
+        print("|---" * (9 + args.gloo + 7 * bool(solo)) + "|")
         for r in rows:
             m = r["median_us"]
             gloo = f" {m['gloo']:.1f} |" if args.gloo else ""
             floor = (f" {m['floor']:.1f} | {r['beyond_floor_over_mpi']:.2f} | {m['floor+mpi']:.1f} |"
-                     f" {r['beyond_floor_over_mpi_after_floor']:.2f} |") if solo else ""
+                     f" {r['beyond_floor_over_mpi_after_floor']:.2f} | {m['fake']:.1f} | {m['fake+mpi']:.1f} |"
+                     f" {r['busbw_over_fake_mpi']:.2f} |") if solo else ""
             print(f"| {r['bytes']} | {', '.join(r['collx_ran'])} | {m['collx']:.1f} | {m['in_op']:.1f} | {m['mpi']:.1f} |"
                   f"{gloo}{floor} {r['busbw']['collx']:.3f} | {r['busbw']['mpi']:.3f} | {r['collx_over_mpi_busbw']:.2f} |"
                   f" {r['in_op_over_mpi']:.2f} |")

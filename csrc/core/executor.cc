@@ -8,14 +8,24 @@ namespace {
 // The executor whose task this thread runs, if any.
 thread_local const Executor* tRunning = nullptr;
 
-void runTask(const Executor* owner, std::function<void()>& run) {
+void runTask(const Executor* owner, Executor::Job& job) {
   struct Mark {  // restored however run() ends
     const Executor* outer = tRunning;
     ~Mark() { tRunning = outer; }
   } mark;
   tRunning = owner;
-  run();
+  job.run();
 }
+
+class FunctionJob final : public Executor::Job {
+ public:
+  explicit FunctionJob(Executor::Task task) : task_(std::move(task)) {}
+  void run() override { task_.run(); }
+  void cancel(const std::string& why) override { task_.cancel(why); }
+
+ private:
+  Executor::Task task_;
+};
 }  // namespace
 
 bool Executor::inTask() const { return tRunning == this; }
@@ -27,12 +37,14 @@ Executor::~Executor() {
   shutdown("the collx executor was destroyed");
 }
 
-uint64_t Executor::submit(Task task, bool wake) {
+uint64_t Executor::submit(Task task, bool wake) { return submit(std::make_unique<FunctionJob>(std::move(task)), wake); }
+
+uint64_t Executor::submit(std::unique_ptr<Job> job, bool wake) {
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
     COLLX_CHECK(!stopping_, "the process group was shut down; no more work is accepted");
-    queue_.push_back(std::move(task));
+    queue_.push_back(std::move(job));
     id = nextId_++;
   }
   if (wake) cv_.notify_all();
@@ -47,13 +59,13 @@ void Executor::kick() {
   cv_.notify_all();
 }
 
-bool Executor::take(std::unique_lock<std::mutex>&, uint64_t limit, Task& task) {
-  if (running_ || queue_.empty() || frontId_ > limit) return false;
-  task = std::move(queue_.front());
+std::unique_ptr<Executor::Job> Executor::take(uint64_t limit) {
+  if (running_ || queue_.empty() || frontId_ > limit) return nullptr;
+  std::unique_ptr<Job> job = std::move(queue_.front());
   queue_.pop_front();
   ++frontId_;
   running_ = true;
-  return true;
+  return job;
 }
 
 void Executor::finished() {
@@ -70,18 +82,19 @@ void Executor::finished() {
 
 void Executor::runUntil(uint64_t id) {
   for (;;) {
-    Task task;
+    std::unique_ptr<Job> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!take(lock, id, task)) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      job = take(id);
     }
-    runTask(this, task.run);
+    if (!job) return;
+    runTask(this, *job);
     finished();
   }
 }
 
 void Executor::shutdown(const std::string& why) {
-  std::deque<Task> dropped;
+  std::deque<std::unique_ptr<Job>> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -90,7 +103,7 @@ void Executor::shutdown(const std::string& why) {
   }
   cv_.notify_all();
   // Cancel outside the lock: cancel callbacks complete futures.
-  for (auto& t : dropped) t.cancel(why);
+  for (auto& job : dropped) job->cancel(why);
   if (!thread_.joinable()) return;
   if (thread_.get_id() == std::this_thread::get_id()) {
     if (destroying_) thread_.detach();  // the last owner let go from inside a task
@@ -102,13 +115,14 @@ void Executor::shutdown(const std::string& why) {
 
 void Executor::loop() {
   for (;;) {
-    Task task;
+    std::unique_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return (stopping_ && !running_) || (!running_ && !queue_.empty()); });
-      if (!take(lock, UINT64_MAX, task)) return;  // stopping and drained
+      job = take(UINT64_MAX);
     }
-    runTask(this, task.run);
+    if (!job) return;  // stopping and drained
+    runTask(this, *job);
     finished();
   }
 }

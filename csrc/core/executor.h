@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -18,6 +19,15 @@ namespace collx {
 
 class Executor {
  public:
+  // A unit of work: run() once, or cancel(why) if it never runs. The queue
+  // owns it, and destroys it after either.
+  class Job {
+   public:
+    virtual ~Job() = default;
+    virtual void run() = 0;
+    virtual void cancel(const std::string& why) = 0;
+  };
+  // A job of two functions, for callers without a type of their own.
   struct Task {
     std::function<void()> run;
     std::function<void(const std::string& why)> cancel;  // for a task that never ran
@@ -30,6 +40,7 @@ class Executor {
   // after shutdown. `wake`: false when the caller is about to runUntil(id)
   // (a synchronous op), so that the background thread is not woken for a
   // task this thread takes anyway; a later submit, kick or runUntil starts it.
+  uint64_t submit(std::unique_ptr<Job> job, bool wake = true);
   uint64_t submit(Task task, bool wake = true);
 
   // Wakes the background thread for whatever is queued (a caller that will
@@ -52,12 +63,12 @@ class Executor {
  private:
   void loop();
   // Pops the next task if it may start now (id <= limit, nobody running).
-  bool take(std::unique_lock<std::mutex>& lock, uint64_t limit, Task& task);
+  std::unique_ptr<Job> take(uint64_t limit);  // under mu_
   void finished();
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::deque<std::unique_ptr<Job>> queue_;
   uint64_t nextId_ = 1;     // id the next submitted task gets
   uint64_t frontId_ = 1;    // id of queue_.front()
   bool running_ = false;    // a task is running, in any thread

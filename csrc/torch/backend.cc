@@ -9,12 +9,19 @@
 
 namespace collx::torch_glue {
 
-// A queued op: what its task's run and cancel share, made once per op (its
-// trace in place) and shared by pointer rather than copied into each.
-struct CollxBackend::Queued {
+// A queued op, made once per op (its trace in place): the executor runs it,
+// or cancels it when the group shuts down first.
+struct CollxBackend::Queued final : Executor::Job {
   Queued(CollxBackend& b, OpKind k, DataType d, uint64_t s, bool c, std::chrono::milliseconds t, Body run,
          std::shared_ptr<Staging> st)
       : backend(b), kind(k), dtype(d), seq(s), collective(c), timeout(t), body(std::move(run)), staging(std::move(st)) {}
+
+  void run() override { backend.runQueued(*this); }
+  void cancel(const std::string& why) override {
+    if (trace) trace->retire();
+    if (backend.logs(LogLevel::kWarn)) backend.log(LogLevel::kWarn, failedOn() + why);
+    work->complete(distError(failedOn() + why));
+  }
 
   CollxBackend& backend;
   c10::intrusive_ptr<CollxWork> work;
@@ -52,23 +59,16 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
   }
   // Drawn after the last check that may throw: a rejected op's number goes to its cancel.
   const uint64_t seq = collective ? ++seq_ : seq_.load();
-  auto q = std::make_shared<Queued>(*this, kind, dtype, seq, collective, timeout, std::move(body), std::move(staging));
+  auto q = std::make_unique<Queued>(*this, kind, dtype, seq, collective, timeout, std::move(body), std::move(staging));
   if (config_.tracing && OpTrace::wanted()) {
     q->trace.emplace(trace_, pgName(), rank_, size_, name(kind), seq, false, inputs.empty() ? outputs : inputs,
                      outputs, timeout);
   }
   auto work = c10::make_intrusive<CollxWork>(type, nullptr, std::move(outputs), seq, std::move(devices));
   q->work = work;
-  Executor::Task task;
-  task.run = [q] { q->backend.runQueued(*q); };
-  task.cancel = [q](const std::string& why) {
-    if (q->trace) q->trace->retire();
-    if (q->backend.logs(LogLevel::kWarn)) q->backend.log(LogLevel::kWarn, q->failedOn() + why);
-    q->work->complete(distError(q->failedOn() + why));
-  };
   if (aborted_) C10_THROW_ERROR(DistBackendError, q->failedOn() + abortedMessage());
   asDistError(name(kind), rank_, [&] {
-    work->attach(executor_, executor_->submit(std::move(task), /*wake=*/!tCallerWaits));
+    work->attach(executor_, executor_->submit(std::move(q), /*wake=*/!tCallerWaits));
     return 0;
   });
   return work;
@@ -89,13 +89,15 @@ void CollxBackend::runQueued(Queued& q) {
                workspace_, &tuning_, refines ? refiner_.get() : nullptr};
   const std::shared_ptr<Staging>& staging = q.staging;
   std::exception_ptr error;
+  Clock::time_point end;
   try {
     if (staging) staging->copyIn();
     std::string label = q.body(c);
     if (staging) staging->copyOut();
     if (running) running->finish(label, before, profiling ? traffic() : TransportCounters{});
     if (q.collective) device().noteProgress(q.seq, q.kind, true);
-    const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+    end = Clock::now();
+    const double secs = std::chrono::duration<double>(end - start).count();
     {
       std::lock_guard<std::mutex> lock(statsMutex_);
       ++stats_.ops;
@@ -123,7 +125,7 @@ void CollxBackend::runQueued(Queued& q) {
     }
   }
   running.reset();
-  q.work->complete(error);
+  q.work->complete(error, error ? Clock::now() : end);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <type_traits>
 
 #include "backend.h"
 #include "core/algorithms/collective.h"
@@ -130,7 +131,12 @@ std::vector<at::Tensor> allOf(const Lists&... lists) {
 
 template <typename Tensors, typename Op>
 WorkPtr CollxBackend::onMirror(const char* name, Tensors& tensors, bool copyIn, bool copyOut, Op&& op) {
-  std::shared_ptr<Staging> st = stagingFor(allOf(tensors), name);
+  std::shared_ptr<Staging> st;
+  if constexpr (std::is_same_v<Tensors, std::vector<at::Tensor>>) {
+    st = stagingFor(tensors, name);  // no copy of the list
+  } else {
+    st = stagingFor(allOf(tensors), name);
+  }
   if (!st) return nullptr;
   auto host = st->mirror(tensors, copyIn, copyOut);
   return runStaged(st, [&] { return op(host); });

@@ -78,7 +78,7 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
     if (!inPlace) scatterBack(flat, outputs);
     return collx::str("all_reduce/", name(ran));
   };
-  return enqueue(type, OpKind::kAllreduce, dtype, outputs, timeout, std::move(body));
+  return enqueue(type, OpKind::kAllreduce, dtype, std::move(outputs), timeout, std::move(body));
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::allreduce(std::vector<at::Tensor>& tensors,

@@ -56,8 +56,8 @@ bool CollxWork::wait(std::chrono::milliseconds timeout) {
   return c10d::Work::wait(timeout);
 }
 
-void CollxWork::complete(std::exception_ptr error) {
-  durationMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started_).count();
+void CollxWork::complete(std::exception_ptr error, std::chrono::steady_clock::time_point end) {
+  durationMs_ = std::chrono::duration<double, std::milli>(end - started_).count();
   // The Future first: once wait() returns, get_future() must be done too.
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {

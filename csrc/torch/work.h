@@ -46,8 +46,10 @@ class CollxWork : public c10d::Work {
 
   // The op starts running now (by default it started when the Work was made).
   void markStarted(std::chrono::steady_clock::time_point at) { started_ = at; }
-  // Completes the Future, then marks the work done (or failed).
-  void complete(std::exception_ptr error);
+  // Completes the Future, then marks the work done (or failed); `end`: when
+  // the op ended, for getDuration().
+  void complete(std::exception_ptr error,
+                std::chrono::steady_clock::time_point end = std::chrono::steady_clock::now());
   // Milliseconds from the op's start to its completion (or failure), as
   // NCCL's with timing on; only once it completed.
   float getDuration() const override;
