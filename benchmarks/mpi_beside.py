@@ -22,9 +22,9 @@ its own meets no such skew (nor the caches a torch call leaves). So with
 --floor every round also times a block of the floor call followed by MPI's
 op ("floor+MPI"): its time beyond the floor is MPI's op where collx's runs,
 between torch calls, and the last floor column compares collx's time beyond
-the floor with that. And a block of torch's fake backend's call on a
-one-rank group (a backend that moves nothing and costs nothing beyond
-torch's call and a Work) followed by MPI's op ("fake+MPI"): MPI's data path
+the floor with that. And a block of torch's fake backend's call of the
+op on a one-rank group, at 4 bytes (a backend that costs nothing beyond
+torch's call and a Work), followed by MPI's op ("fake+MPI"): MPI's data path
 as the cheapest backend torch.distributed can call would run it, met by the
 same skew; "busbw collx/(fake+MPI)" sets collx, glue and all, against it.
 "in op" is the time collx's own op took
@@ -132,7 +132,10 @@ def main():
             (floor_call, floor_first), (mpi2, _, right2, _) = calls["floor"], make_op(comm, args.op, size)
             calls["floor+mpi"] = ((lambda: (floor_call(), mpi2())), lambda: floor_first() and (mpi2(), right2())[1])
             # The fake backend moves nothing: only MPI's result is checked.
-            (fake_call, _), (mpi3, _, right3, _) = torch_call(fake, args.op, size, 1, 0), make_op(comm, args.op, size)
+            # At 4 bytes: torch's fake backend copies a one-rank all_gather's or
+            # reduce_scatter's input (torch's copy, which may start OpenMP
+            # threads that spin beside MPI's op); the call alone is wanted.
+            (fake_call, _), (mpi3, _, right3, _) = torch_call(fake, args.op, 4, 1, 0), make_op(comm, args.op, size)
             calls["fake"] = (fake_call, lambda: True)
             calls["fake+mpi"] = ((lambda: (fake_call(), mpi3())), lambda: (fake_call(), mpi3(), right3())[2])
         for name, (_, first) in calls.items():

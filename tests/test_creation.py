@@ -50,7 +50,7 @@ def test_creation_returns_before_the_last_rank_arrives():
                 f"rank {rank}'s init returned {created - late_arrival:.3f} s after rank {late} arrived")
 
 
-def _member_never_comes(rank, ws):
+def _member_never_comes(rank, ws, op):
     import torch
     import torch.distributed as dist
     if rank == ws - 1:
@@ -58,14 +58,22 @@ def _member_never_comes(rank, ws):
     g = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=2))
     start = time.monotonic()
     try:
-        dist.all_reduce(torch.ones(4), group=g)
+        if op == "all_reduce":
+            dist.all_reduce(torch.ones(4), group=g)
+        elif op == "broadcast":
+            dist.broadcast(torch.ones(4), src=0, group=g)
+        elif op == "all_gather":
+            dist.all_gather([torch.zeros(4) for _ in range(ws)], torch.ones(4), group=g)
+        else:
+            dist.barrier(group=g)
     except dist.DistBackendError as e:
         return time.monotonic() - start, str(e)
     return None
 
 
-def test_a_member_that_never_comes_fails_the_first_op_at_the_timeout():
-    results = run_ranks(_member_never_comes, 3, timeout=120)
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather", "barrier"])
+def test_a_member_that_never_comes_fails_the_first_op_at_the_timeout(op):
+    results = run_ranks(_member_never_comes, 3, timeout=120, args=(op,))
     for rank, result in enumerate(results[:-1]):
         assert result is not None, f"rank {rank}: the first op succeeded without rank 2"
         took, message = result

@@ -8,13 +8,21 @@ namespace {
 // The executor whose task this thread runs, if any.
 thread_local const Executor* tRunning = nullptr;
 
+// A job that throws is cancelled with its error: its owner hears of it, and
+// the executor goes on (an exception leaving its thread would end the process).
 void runTask(const Executor* owner, Executor::Job& job) {
   struct Mark {  // restored however run() ends
     const Executor* outer = tRunning;
     ~Mark() { tRunning = outer; }
   } mark;
   tRunning = owner;
-  job.run();
+  try {
+    job.run();
+  } catch (const std::exception& e) {
+    job.cancel(e.what());
+  } catch (...) {
+    job.cancel("the task threw a non-standard exception");
+  }
 }
 
 class FunctionJob final : public Executor::Job {

@@ -19,8 +19,8 @@ namespace collx {
 
 class Executor {
  public:
-  // A unit of work: run() once, or cancel(why) if it never runs. The queue
-  // owns it, and destroys it after either.
+  // A unit of work: run() once, or cancel(why) if it never runs or run()
+  // throws. The queue owns it, and destroys it after either.
   class Job {
    public:
     virtual ~Job() = default;

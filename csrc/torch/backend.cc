@@ -77,7 +77,6 @@ c10::intrusive_ptr<CollxWork> CollxBackend::enqueue(c10d::OpType type, OpKind ki
 void CollxBackend::runQueued(Queued& q) {
   const auto start = Clock::now();
   q.work->markStarted(start);
-  if (q.collective) device().noteProgress(q.seq, q.kind, false);
   // The trace's entry completes (or fails) before the Work does.
   std::optional<OpTrace::Running> running;
   if (q.trace) running.emplace(*q.trace);
@@ -85,12 +84,15 @@ void CollxBackend::runQueued(Queued& q) {
   const TransportCounters before = profiling ? traffic() : TransportCounters{};
   // A tuning from the table or a file is meant to be fixed: only a calibrated one is refined.
   const bool refines = config_.tuning.mode == TuningPolicy::Mode::kCalibrate;
-  Collective c{device(), q.kind, q.dtype, q.seq, start + q.timeout, config_.segmentBytes, config_.treeArity,
-               workspace_, &tuning_, refines ? refiner_.get() : nullptr};
   const std::shared_ptr<Staging>& staging = q.staging;
   std::exception_ptr error;
   Clock::time_point end;
+  // Everything from the first device() on fails the op, not the executor:
+  // device() throws when the group's setup failed (a member never came).
   try {
+    if (q.collective) device().noteProgress(q.seq, q.kind, false);
+    Collective c{device(), q.kind, q.dtype, q.seq, start + q.timeout, config_.segmentBytes, config_.treeArity,
+                 workspace_, &tuning_, refines ? refiner_.get() : nullptr};
     if (staging) staging->copyIn();
     std::string label = q.body(c);
     if (staging) staging->copyOut();
@@ -115,8 +117,11 @@ void CollxBackend::runQueued(Queued& q) {
           collx::str(q.what(), ": ", label, staging ? " staged" : "", ", ", millis(secs * 1e3), " ms"));
     }
   } catch (const std::exception& e) {
-    const auto failure = device().failure();
-    const std::string why = (failure == tcp::Device::Failure::kTimeout ? whoIsMissing(q.timeout) : "") + e.what();
+    const tcp::Device* d = published();  // none where the setup failed
+    const auto failure = d ? d->failure() : tcp::Device::Failure::kNone;
+    const auto* ce = dynamic_cast<const c10::Error*>(&e);
+    const std::string why = (failure == tcp::Device::Failure::kTimeout ? whoIsMissing(q.timeout) : "") +
+                            (ce ? ce->what_without_backtrace() : e.what());
     error = distError(q.failedOn() + why);
     if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, q.failedOn() + why);
     if (failure != tcp::Device::Failure::kNone && failure != tcp::Device::Failure::kAborted) {

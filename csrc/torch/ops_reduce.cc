@@ -30,9 +30,12 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   // takes for the whole.
   size_t bytes = 0;
   for (const auto& t : outputs) bytes += t.nbytes();
-  const Algorithm resolved = resolveAllreduce(device(), tuning_, algo, config_.treeArity, bytes);
-  const bool mayRunShm = resolved == Algorithm::kShm || (algo == Algorithm::kAuto && device().sharedWindows());
-  const bool intoTensor = !Staging::current() || (resolved != Algorithm::kHierarchical && !mayRunShm);
+  bool intoTensor = true;
+  if (Staging::current()) {
+    const Algorithm resolved = resolveAllreduce(device(), tuning_, algo, config_.treeArity, bytes);
+    const bool mayRunShm = resolved == Algorithm::kShm || (algo == Algorithm::kAuto && device().sharedWindows());
+    intoTensor = resolved != Algorithm::kHierarchical && !mayRunShm;
+  }
   const ResolvedOp r = asDistError("all_reduce", rank_, [&] {
     return resolveOp(op, dtype, "all_reduce", rank_, intoTensor);
   });

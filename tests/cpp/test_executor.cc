@@ -1,5 +1,6 @@
 // Executor: tasks run once each, in submission order, whether they run on
-// its thread or inline through runUntil; shutdown cancels what never ran.
+// its thread or inline through runUntil; shutdown cancels what never ran,
+// and so does a task that throws.
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -113,6 +114,30 @@ int main() {
     ex.shutdown("done");
     for (int i = 0; i < 4; ++i) CHECK(order[size_t(i)] == i, "in order at ", i);
   }
-  std::printf("executor: order, inline runs, deferred wakes and shutdown ok\n");
+  // A task that throws, on the executor's thread or inline, is cancelled
+  // with its error, and the tasks after it still run.
+  {
+    Executor ex;
+    std::mutex mu;
+    std::vector<std::string> cancelled;
+    std::atomic<int> ran{0};
+    auto throwing = [&] {
+      return Executor::Task{[] { throw Error("setup failed"); },
+                            [&](const std::string& why) {
+                              std::lock_guard<std::mutex> lock(mu);
+                              cancelled.push_back(why);
+                            }};
+    };
+    ex.submit(throwing());
+    ex.runUntil(ex.submit(throwing(), /*wake=*/false));
+    const uint64_t last = ex.submit({[&] { ++ran; }, [](const std::string&) {}}, false);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (ran == 0 && std::chrono::steady_clock::now() < deadline) ex.runUntil(last);
+    ex.shutdown("done");
+    CHECK(ran == 1, "the task after two throwing ones ran: ", ran.load());
+    CHECK(cancelled.size() == 2, "both throwing tasks were cancelled: ", cancelled.size());
+    for (const auto& why : cancelled) CHECK(why == "setup failed", why);
+  }
+  std::printf("executor: order, inline runs, deferred wakes, throwing tasks and shutdown ok\n");
   return 0;
 }
