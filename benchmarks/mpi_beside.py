@@ -109,7 +109,8 @@ def main():
     p.add_argument("--block-s", type=float, default=0.08, help="seconds per block, about")
     p.add_argument("--settle-s", type=float, default=10.0, help="most seconds of warm-up for auto to settle")
     p.add_argument("--gloo", action="store_true", help="a gloo block in every round too")
-    p.add_argument("--floor", action="store_true", help="blocks of each rank's own one-rank collx group, and of MPI after it and after a fake backend's call, too")
+    p.add_argument("--floor", action="store_true",
+                   help="blocks of each rank's own one-rank collx group, and of MPI after it and after torch's fake backend's call")
     p.add_argument("--json", help="rank 0 writes its rows here")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
@@ -131,10 +132,10 @@ def main():
             # peers as skewed as collx's op does (torch's calls jitter).
             (floor_call, floor_first), (mpi2, _, right2, _) = calls["floor"], make_op(comm, args.op, size)
             calls["floor+mpi"] = ((lambda: (floor_call(), mpi2())), lambda: floor_first() and (mpi2(), right2())[1])
-            # The fake backend moves nothing: only MPI's result is checked.
-            # At 4 bytes: torch's fake backend copies a one-rank all_gather's or
-            # reduce_scatter's input (torch's copy, which may start OpenMP
-            # threads that spin beside MPI's op); the call alone is wanted.
+            # MPI's op after torch's call alone: the fake backend's at 4 bytes
+            # (at the op's size it copies a one-rank all_gather's or
+            # reduce_scatter's input with torch's copy, whose OpenMP threads
+            # may spin beside MPI's op). Only MPI's result is checked.
             (fake_call, _), (mpi3, _, right3, _) = torch_call(fake, args.op, 4, 1, 0), make_op(comm, args.op, size)
             calls["fake"] = (fake_call, lambda: True)
             calls["fake+mpi"] = ((lambda: (fake_call(), mpi3())), lambda: (fake_call(), mpi3(), right3())[2])
