@@ -30,8 +30,9 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   // takes for the whole.
   size_t bytes = 0;
   for (const auto& t : outputs) bytes += t.nbytes();
+  const std::shared_ptr<Staging> staged = Staging::current();
   bool intoTensor = true;
-  if (Staging::current()) {
+  if (staged) {
     const Algorithm resolved = resolveAllreduce(device(), tuning_, algo, config_.treeArity, bytes);
     const bool mayRunShm = resolved == Algorithm::kShm || (algo == Algorithm::kAuto && device().sharedWindows());
     intoTensor = resolved != Algorithm::kHierarchical && !mayRunShm;
@@ -45,7 +46,6 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::allreduceFlat(c10d::OpType type, st
   // part, and each says whether its tensor can (a claimed device tensor).
   // Otherwise a large staged tensor is pipelined: chunk by chunk, overlapping
   // its copies.
-  const std::shared_ptr<Staging> staged = Staging::current();
   const bool peers = outputs.size() == 1 && algo == Algorithm::kAuto && !r.premul && !r.average && size_ > 1 &&
                      config_.peerBufferBytes != SIZE_MAX && bytes >= config_.peerMinBytes &&
                      device().hostCount() == 1;
