@@ -9,12 +9,17 @@
 //
 //   build/core/core_latency [--ranks 2] [--bytes 4] [--algorithm shm|direct|ring|tree|star] [--ops 300000]
 //       [--op all_reduce|all_gather|reduce_scatter] [--read-peers 1|0] [--transport shm|tcp] [--offset 0]
-//       [--apart 0|1] [--dtype float32|bfloat16|float16]
+//       [--apart 0|1] [--dtype float32|bfloat16|float16] [--gap-us 0] [--touch-kib 0]
 //
 // --offset B moves rank r's buffers r * B bytes (modulo 1 KiB) further from their page
 // (benchmarks/page_offsets.py does so under torch). --apart 1 gives an
 // all-gather its input in a buffer of its own, as all_gather_into_tensor
 // does (else it gathers in place, from its own block of the output).
+//
+// --gap-us U has each rank work U us between its ops, as a torch call does
+// around collx's op, writing a line of its own --touch-kib KiB buffer in
+// turn (a call's footprint in the caches); the op's own time is then
+// printed apart.
 //
 // Prints ns per op, rank 0's, over the last three quarters of the ops.
 #include <cstdio>
@@ -30,6 +35,8 @@ int main(int argc, char** argv) {
   size_t offset = 0;
   size_t bytes = 4;
   bool readPeers = true, apart = false;
+  double gapUs = 0;
+  size_t touchKiB = 0;
   DataType dtype = DataType::kFloat32;
   std::string algorithm = "shm", transport = "shm", op = "all_reduce";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -43,6 +50,8 @@ int main(int argc, char** argv) {
     else if (k == "--read-peers") readPeers = v != "0";
     else if (k == "--offset") offset = std::stoul(v);
     else if (k == "--apart") apart = v != "0";
+    else if (k == "--gap-us") gapUs = std::stod(v);
+    else if (k == "--touch-kib") touchKiB = std::stoul(v);
     else if (k == "--dtype") {
       CHECK(v == "float32" || v == "bfloat16" || v == "float16", "unknown dtype ", v);
       dtype = v == "bfloat16" ? DataType::kBFloat16 : v == "float16" ? DataType::kFloat16 : DataType::kFloat32;
@@ -73,9 +82,19 @@ int main(int argc, char** argv) {
     Workspace ws;
     const ReduceFn fn = cpuReduceFn(dtype, ReduceOp::kSum);
     const Deadline deadline = Clock::now() + std::chrono::minutes(5);
+    std::vector<char> touched(touchKiB * 1024);
+    size_t line = 0;
+    Clock::duration inOp{};
     Clock::time_point start = Clock::now();
     for (int i = 0; i < ops; ++i) {
-      if (i == ops / 4) start = Clock::now();
+      if (i == ops / 4) start = Clock::now(), inOp = {};
+      if (gapUs > 0) {
+        const auto until = Clock::now() + std::chrono::nanoseconds(int64_t(gapUs * 1e3));
+        do {
+          for (int k = 0; k < 16 && !touched.empty(); ++k, line = (line + 64) % touched.size()) ++touched[line];
+        } while (Clock::now() < until);
+      }
+      const auto opStart = Clock::now();
       Collective c{*g.devices[size_t(r)], kind, dtype, uint64_t(i + 1), deadline, 1 << 16, 2, ws};
       if (kind == OpKind::kAllreduce) {
         allreduce(c, algo, bufAt, count, fn);
@@ -88,9 +107,11 @@ int main(int argc, char** argv) {
       } else {
         reduceScatter(c, bufAt, block, fn);
       }
+      inOp += Clock::now() - opStart;
     }
     const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / (ops - ops / 4);
-    if (r == 0) std::printf("%s, %d ranks over %s, %zu B: %.0f ns per op\n", algorithm.c_str(), ranks,
-                            transport.c_str(), count * es, ns);
+    const double opNs = std::chrono::duration<double, std::nano>(inOp).count() / (ops - ops / 4);
+    if (r == 0) std::printf("%s, %d ranks over %s, %zu B: %.0f ns per op, %.0f in the op\n", algorithm.c_str(),
+                            ranks, transport.c_str(), count * es, ns, opNs);
   });
 }
