@@ -6,20 +6,16 @@
 #include <cerrno>
 #include <cstring>
 
-#include "../../copy.h"
 #include "../../error.h"
 
 namespace collx::tcp {
 
 namespace {
-constexpr size_t kRxBufferBytes = 64 << 10;
-// Payload remainders at least this large are read in place, not through rx_.
-constexpr size_t kDirectReadBytes = 16 << 10;
 constexpr int kMaxIov = 64;
 }  // namespace
 
 P2PLink::P2PLink(int rank, int peer, Socket socket, std::unique_ptr<shm::Link> rings)
-    : rank_(rank), peer_(peer), stream_(std::move(socket), std::move(rings)), rx_(kRxBufferBytes) {}
+    : rank_(rank), peer_(peer), stream_(std::move(socket), std::move(rings)) {}
 
 void P2PLink::fail(const std::string& what, int err) const {
   if (err == ECONNRESET || err == EPIPE) throw peerClosed(rank_, peer_, "p2p");
@@ -57,52 +53,34 @@ void P2PLink::write(std::vector<uint64_t>& written) {
 }
 
 bool P2PLink::fill(size_t want) {
-  if (rxEnd_ - rxBegin_ >= want) return true;
-  if (rxBegin_ > 0) {
-    memmove(rx_.data(), rx_.data() + rxBegin_, rxEnd_ - rxBegin_);
-    rxEnd_ -= rxBegin_;
-    rxBegin_ = 0;
+  if (rx_.size() >= want) return true;
+  if (!stream_.valid()) return false;
+  return received(rx_.fill(stream_, want));
+}
+
+bool P2PLink::received(Received r) const {
+  switch (r) {
+    case Received::kBytes: return true;
+    case Received::kWouldBlock: return false;
+    case Received::kEnded: throw peerClosed(rank_, peer_, "p2p");
+    case Received::kFailed: break;
   }
-  while (rxEnd_ < want) {
-    if (!stream_.valid()) return false;
-    ssize_t rc = stream_.recvSome(rx_.data() + rxEnd_, rx_.size() - rxEnd_);
-    if (rc > 0) {
-      rxEnd_ += size_t(rc);
-    } else if (rc == 0) {
-      throw peerClosed(rank_, peer_, "p2p");
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return false;
-    } else if (errno != EINTR) {
-      fail("failed while receiving", errno);
-    }
-  }
-  return true;
+  fail("failed while receiving", errno);
 }
 
 bool P2PLink::readHeader(FrameHeader& header) {
   if (!fill(sizeof(FrameHeader))) return false;
-  memcpy(&header, rx_.data() + rxBegin_, sizeof(header));
-  rxBegin_ += sizeof(header);
+  memcpy(&header, rx_.data(), sizeof(header));
+  rx_.consume(sizeof(header));
   if (header.magic != kFrameMagic) fail("delivered a corrupt frame (bad magic)", 0);
   return true;
 }
 
 size_t P2PLink::readPayload(char* dst, size_t want) {
   if (want == 0) return 0;
-  if (rxEnd_ > rxBegin_ || want < kDirectReadBytes || !dst) {
-    if (!fill(1)) return 0;
-    size_t take = std::min(rxEnd_ - rxBegin_, want);
-    if (dst) copyBytes(dst, rx_.data() + rxBegin_, take);
-    rxBegin_ += take;
-    return take;
-  }
-  for (;;) {
-    ssize_t rc = stream_.recvSome(dst, want);
-    if (rc > 0) return size_t(rc);
-    if (rc == 0) throw peerClosed(rank_, peer_, "p2p");
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-    if (errno != EINTR) fail("failed while receiving", errno);
-  }
+  if (rx_.size() > 0 || want < RxBuffer::kDirectReadBytes || !dst) return fill(1) ? rx_.take(dst, want) : 0;
+  size_t got = 0;
+  return received(receiveSome(stream_, dst, want, got)) ? got : 0;
 }
 
 }  // namespace collx::tcp

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../socket/outgoing.h"
+#include "../socket/rx_buffer.h"
 #include "../socket/stream.h"
 #include "../socket/wire.h"
 
@@ -52,15 +53,16 @@ class P2PLink {
  private:
   // Ensures `want` bytes sit in the receive buffer; false if not yet.
   bool fill(size_t want);
+  // Whether a receive moved bytes: false if none can move now; throws
+  // where the peer closed or the receive failed.
+  bool received(Received r) const;
   [[noreturn]] void fail(const std::string& what, int err) const;
 
   int rank_;
   int peer_;
   Stream stream_;
   std::deque<OutFrame> frames_;
-  std::vector<char> rx_;
-  size_t rxBegin_ = 0;
-  size_t rxEnd_ = 0;
+  RxBuffer rx_;
 };
 
 }  // namespace collx::tcp

@@ -8,16 +8,11 @@
 #include <cstring>
 #include <thread>
 
-#include "../../copy.h"
 #include "../../error.h"
 
 namespace collx::tcp {
 
 namespace {
-constexpr size_t kRxBufferBytes = 64 << 10;
-// Payload remainders below this go through the receive buffer, so that one
-// recv() picks up several small frames; larger ones are read in place.
-constexpr size_t kDirectReadBytes = 16 << 10;
 constexpr int kMaxIov = 64;
 
 std::string describe(OpKind kind, DataType dtype, uint64_t seq, uint32_t tag, uint64_t bytes) {
@@ -32,8 +27,7 @@ Pair::Pair(int rank, int peer, Socket socket, const std::set<uint64_t>* cancelle
       peer_(peer),
       stream_(std::move(socket), std::move(shm)),
       connected_(stream_.valid()),
-      cancelled_(cancelled),
-      rx_(kRxBufferBytes) {}
+      cancelled_(cancelled) {}
 
 void Pair::postSend(const Frame& f, const void* data, size_t bytes, uint64_t cookie) {
   FrameHeader h{};
@@ -79,28 +73,17 @@ void Pair::progressSend(std::vector<uint64_t>& done) {
 }
 
 bool Pair::fill(size_t want, bool endIsError) {
-  if (rxEnd_ - rxBegin_ >= want) return true;
-  if (rxBegin_ > 0) {
-    memmove(rx_.data(), rx_.data() + rxBegin_, rxEnd_ - rxBegin_);
-    rxEnd_ -= rxBegin_;
-    rxBegin_ = 0;
-  }
-  while (rxEnd_ < want) {
-    ssize_t rc = stream_.recvSome(rx_.data() + rxEnd_, rx_.size() - rxEnd_);
-    if (rc > 0) {
-      rxEnd_ += size_t(rc);
-    } else if (rc == 0) {
+  switch (rx_.fill(stream_, want)) {
+    case Received::kBytes: return true;
+    case Received::kWouldBlock: return false;
+    case Received::kEnded:
       ended_ = true;
       if (endIsError) failClosed();
       throwIfAbortNoted();
       return false;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return false;
-    } else if (errno != EINTR) {
-      fail("failed while receiving", errno);
-    }
+    case Received::kFailed: break;
   }
-  return true;
+  fail("failed while receiving", errno);
 }
 
 bool Pair::finishPartialSend(Deadline deadline) {
@@ -151,21 +134,21 @@ void Pair::sendAbort(const std::string& reason, Deadline deadline, uint64_t seq)
 bool Pair::skipCancel(const FrameHeader& h) {
   size_t n = std::min<size_t>(h.bytes, kMaxReasonBytes);
   if (!fill(sizeof(FrameHeader) + n)) return false;
-  std::string why(rx_.data() + rxBegin_ + sizeof(FrameHeader), n);
+  std::string why(rx_.data() + sizeof(FrameHeader), n);
   if (!cancelled_ || !cancelled_->count(h.seq)) {
     throw Error(str("collx rank ", rank_, ": peer ", peer_, " did not run ", name(OpKind(h.tag)), " #", h.seq,
                     ", which failed there: ", why));
   }
-  rxBegin_ += sizeof(FrameHeader) + n;  // every rank failed that op: nothing to match
+  rx_.consume(sizeof(FrameHeader) + n);  // every rank failed that op: nothing to match
   return true;
 }
 
 void Pair::throwAbort(const FrameHeader& h) {
   std::string why = "(no reason received)";
   size_t n = std::min<size_t>(h.bytes, kMaxReasonBytes);
-  rxBegin_ += sizeof(FrameHeader);
+  rx_.consume(sizeof(FrameHeader));
   try {
-    if (fill(n)) why.assign(rx_.data() + rxBegin_, n);
+    if (fill(n)) why.assign(rx_.data(), n);
   } catch (const Error&) {
   }
   throw peerAborted(rank_, peer_, why);
@@ -180,7 +163,7 @@ void Pair::throwSalvagedAbort() {
   // The peer closed with our data unread, which resets the connection, but the
   // bytes it sent before (its abort frame last) stay readable. Read them all
   // and look from the end for a header whose byte count reaches exactly there.
-  std::vector<char> tail(rx_.begin() + rxBegin_, rx_.begin() + rxEnd_);
+  std::vector<char> tail(rx_.data(), rx_.data() + rx_.size());
   char chunk[64 << 10];
   for (;;) {
     ssize_t rc = ::recv(stream_.fd(), chunk, sizeof(chunk), MSG_DONTWAIT);
@@ -234,41 +217,32 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
     if (!op.headerDone) {
       if (!fill(sizeof(FrameHeader))) return;
       FrameHeader h;
-      memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+      memcpy(&h, rx_.data(), sizeof(h));
       if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kCancel)) {
         if (!skipCancel(h)) return;
         continue;
       }
       checkHeader(h, op);
-      rxBegin_ += sizeof(h);
+      rx_.consume(sizeof(h));
       op.headerDone = true;
     }
     while (op.got < op.bytes) {
-      size_t left = op.bytes - op.got;
-      size_t buffered = rxEnd_ - rxBegin_;
-      if (buffered > 0) {
-        size_t take = std::min(buffered, left);
-        copyBytes(op.data + op.got, rx_.data() + rxBegin_, take);
-        rxBegin_ += take;
-        op.got += take;
-        bytesReceived_ += take;
-        continue;
-      }
-      if (left < kDirectReadBytes) {
+      const size_t left = op.bytes - op.got;
+      size_t got = rx_.take(op.data + op.got, left);
+      if (got == 0 && left < RxBuffer::kDirectReadBytes) {
         if (!fill(1)) return;
         continue;
       }
-      ssize_t rc = stream_.recvSome(op.data + op.got, left);
-      if (rc > 0) {
-        op.got += size_t(rc);
-        bytesReceived_ += size_t(rc);
-      } else if (rc == 0) {
-        failClosed();
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        return;
-      } else if (errno != EINTR) {
-        fail("failed while receiving", errno);
+      if (got == 0) {
+        switch (receiveSome(stream_, op.data + op.got, left, got)) {
+          case Received::kBytes: break;
+          case Received::kWouldBlock: return;
+          case Received::kEnded: failClosed();
+          case Received::kFailed: fail("failed while receiving", errno);
+        }
       }
+      op.got += got;
+      bytesReceived_ += got;
     }
     done.push_back(op.cookie);
     recvs_.pop_front();
@@ -278,7 +252,7 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
 void Pair::checkAbort(uint64_t upTo) {
   if (!fill(sizeof(FrameHeader), false)) return;
   FrameHeader h;
-  memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+  memcpy(&h, rx_.data(), sizeof(h));
   if (h.magic == kFrameMagic && h.kind == uint8_t(OpKind::kAbort) && h.seq <= upTo) throwAbort(h);
 }
 
@@ -286,7 +260,7 @@ void Pair::checkControl(uint64_t upTo, bool endIsError, uint64_t abortsUpTo) {
   FrameHeader h;
   do {
     if (!fill(sizeof(FrameHeader), endIsError)) return;
-    memcpy(&h, rx_.data() + rxBegin_, sizeof(h));
+    memcpy(&h, rx_.data(), sizeof(h));
     if (h.magic != kFrameMagic) return;
     if (h.kind == uint8_t(OpKind::kAbort)) {
       if (h.seq <= abortsUpTo) throwAbort(h);

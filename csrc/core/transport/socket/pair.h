@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "outgoing.h"
+#include "rx_buffer.h"
 #include "stream.h"
 #include "wire.h"
 
@@ -68,7 +69,7 @@ class Pair {
   // later one, leaves this one to finish. The end of the connection does
   // not throw.
   void checkAbort(uint64_t upTo);
-  bool hasBufferedHeader() const { return rxEnd_ - rxBegin_ >= sizeof(FrameHeader); }
+  bool hasBufferedHeader() const { return rx_.size() >= sizeof(FrameHeader); }
   // The peer's end of the connection has been read (it may have finished
   // and left).
   bool ended() const { return ended_; }
@@ -128,9 +129,7 @@ class Pair {
   std::deque<RecvOp> recvs_;
 
   // Small frames arrive several per recv(); large payloads bypass this buffer.
-  std::vector<char> rx_;
-  size_t rxBegin_ = 0;
-  size_t rxEnd_ = 0;
+  RxBuffer rx_;
   bool ended_ = false;
 
   uint64_t bytesSent_ = 0;

@@ -1,0 +1,44 @@
+// What a framed connection has received and not consumed yet, read ahead of
+// its frames so that a run of small frames costs one recv. Pair and P2PLink
+// parse their headers here and take a payload's first bytes from here, then
+// read a large rest in place (receiveSome).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "stream.h"
+
+namespace collx::tcp {
+
+// How one recv on a stream ended, EINTR retried: kFailed leaves errno.
+enum class Received { kBytes, kWouldBlock, kEnded, kFailed };
+Received receiveSome(Stream& s, void* dst, size_t bytes, size_t& got);
+
+class RxBuffer {
+ public:
+  static constexpr size_t kCapacity = 64 << 10;
+  // Payload remainders below this go through the buffer, so that one recv
+  // picks up several small frames; larger ones are read in place.
+  static constexpr size_t kDirectReadBytes = 16 << 10;
+
+  RxBuffer() : bytes_(kCapacity) {}
+
+  const char* data() const { return bytes_.data() + begin_; }
+  size_t size() const { return end_ - begin_; }
+  void consume(size_t n) { begin_ += n; }
+  // Copies up to `want` buffered bytes to dst (null: drops them) and
+  // consumes them; returns how many.
+  size_t take(char* dst, size_t want);
+  // Receives until at least `want` bytes (at most the capacity) are
+  // buffered, first moving the unread ones to the front: kBytes once they
+  // are, else why not.
+  Received fill(Stream& s, size_t want);
+
+ private:
+  std::vector<char> bytes_;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+};
+
+}  // namespace collx::tcp
