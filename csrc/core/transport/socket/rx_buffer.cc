@@ -1,10 +1,7 @@
 #include "rx_buffer.h"
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
-
-#include "../../copy.h"
 
 namespace collx::tcp {
 
@@ -21,15 +18,7 @@ Received receiveSome(Stream& s, void* dst, size_t bytes, size_t& got) {
   }
 }
 
-size_t RxBuffer::take(char* dst, size_t want) {
-  const size_t n = std::min(size(), want);
-  if (dst) copyBytes(dst, data(), n);
-  begin_ += n;
-  return n;
-}
-
-Received RxBuffer::fill(Stream& s, size_t want) {
-  if (size() >= want) return Received::kBytes;
+Received RxBuffer::receive(Stream& s, size_t want) {
   if (begin_ > 0) {
     memmove(bytes_.data(), data(), size());
     end_ -= begin_;

@@ -4,9 +4,11 @@
 // read a large rest in place (receiveSome).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
+#include "../../copy.h"
 #include "stream.h"
 
 namespace collx::tcp {
@@ -29,13 +31,21 @@ class RxBuffer {
   void consume(size_t n) { begin_ += n; }
   // Copies up to `want` buffered bytes to dst (null: drops them) and
   // consumes them; returns how many.
-  size_t take(char* dst, size_t want);
+  size_t take(char* dst, size_t want) {
+    const size_t n = std::min(size(), want);
+    if (n == 0) return 0;
+    if (dst) copyBytes(dst, data(), n);
+    begin_ += n;
+    return n;
+  }
   // Receives until at least `want` bytes (at most the capacity) are
   // buffered, first moving the unread ones to the front: kBytes once they
   // are, else why not.
-  Received fill(Stream& s, size_t want);
+  Received fill(Stream& s, size_t want) { return size() >= want ? Received::kBytes : receive(s, want); }
 
  private:
+  Received receive(Stream& s, size_t want);
+
   std::vector<char> bytes_;
   size_t begin_ = 0;
   size_t end_ = 0;
