@@ -78,7 +78,7 @@ bool P2PLink::readHeader(FrameHeader& header) {
 
 size_t P2PLink::readPayload(char* dst, size_t want) {
   if (want == 0) return 0;
-  if (rx_.size() > 0 || want < RxBuffer::kDirectReadBytes || !dst) return fill(1) ? rx_.take(dst, want) : 0;
+  if (!rx_.readsInPlace(dst, want)) return fill(1) ? rx_.take(dst, want) : 0;
   size_t got = 0;
   return received(receiveSome(stream_, dst, want, got)) ? got : 0;
 }

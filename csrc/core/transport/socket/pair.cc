@@ -229,7 +229,7 @@ void Pair::progressRecv(std::vector<uint64_t>& done) {
     while (op.got < op.bytes) {
       const size_t left = op.bytes - op.got;
       size_t got = rx_.take(op.data + op.got, left);
-      if (got == 0 && left < RxBuffer::kDirectReadBytes) {
+      if (got == 0 && !rx_.readsInPlace(op.data + op.got, left)) {
         if (!fill(1)) return;
         continue;
       }

@@ -29,6 +29,12 @@ class RxBuffer {
   const char* data() const { return bytes_.data() + begin_; }
   size_t size() const { return end_ - begin_; }
   void consume(size_t n) { begin_ += n; }
+  // Whether a payload's next `want` bytes go straight from the stream into
+  // dst (receiveSome): nothing is buffered, the rest is large, and there is
+  // a destination. Otherwise they come through the buffer (fill, take).
+  bool readsInPlace(const char* dst, size_t want) const {
+    return size() == 0 && want >= kDirectReadBytes && dst != nullptr;
+  }
   // Copies up to `want` buffered bytes to dst (null: drops them) and
   // consumes them; returns how many.
   size_t take(char* dst, size_t want) {
