@@ -51,6 +51,30 @@ def on_shm(group=None) -> bool:
     backend = (group or dist.group.WORLD)._get_backend(torch.device("cpu"))
     return backend.transport.startswith("shared memory")
 
+def process_resources():
+    """(fds, collx shared-memory mappings, threads) of this process."""
+    fds = len(os.listdir("/proc/self/fd"))
+    with open("/proc/self/maps") as f:
+        segments = sum("memfd:collx" in line for line in f)
+    return fds, segments, len(os.listdir("/proc/self/task"))
+
+
+def settled_resources(interval=0.05, limit=5.0):
+    """process_resources() once two reads ``interval`` apart agree (at most
+    ``limit`` s). A joined thread leaves /proc/self/task a moment after its
+    join returns, since the kernel wakes the joiner before it reaps the
+    thread; a leaked thread, descriptor or mapping stays and is counted."""
+    last = process_resources()
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        time.sleep(interval)
+        now = process_resources()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 PREMUL_FACTOR = 0.5  # exact in every float dtype
 
 

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("torchcollx")
 
+from common import settled_resources  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 
@@ -82,10 +83,6 @@ def test_a_member_that_never_comes_fails_the_first_op_at_the_timeout(op):
         assert 1.9 < took < 30, f"rank {rank}: failed after {took:.1f} s (timeout 2 s)"
 
 
-def _threads_and_fds():
-    return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
-
-
 def _ends_before_peers_come(rank, ws, how):
     import torch
     import torch.distributed as dist
@@ -94,7 +91,7 @@ def _ends_before_peers_come(rank, ws, how):
         t = torch.ones(4)
         dist.all_reduce(t)
         return None
-    before = _threads_and_fds()
+    before = settled_resources()
     g = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=60))
     time.sleep(0.3)  # the setup is waiting in the Store for rank 2
     start = time.monotonic()
@@ -106,7 +103,7 @@ def _ends_before_peers_come(rank, ws, how):
     # The default group still works.
     t = torch.ones(4)
     dist.all_reduce(t)
-    return took, before, _threads_and_fds(), t.tolist()
+    return took, before, settled_resources(), t.tolist()
 
 
 @pytest.mark.parametrize("how", ["destroy", "abort"])
@@ -114,7 +111,7 @@ def test_a_group_ended_before_its_peers_came_goes_at_once(how):
     results = run_ranks(_ends_before_peers_come, 3, timeout=120, args=(how,))
     for rank, (took, before, after, t) in enumerate(results[:-1]):
         assert took < 5, f"rank {rank}: {how} took {took:.1f} s (the group's timeout is 60 s)"
-        assert after == before, f"rank {rank}: threads and descriptors {before} before the group, {after} after"
+        assert after == before, f"rank {rank}: (fds, segments, threads) {before} before the group, {after} after"
         assert t == [3.0] * 4, t
 
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 torchcollx = pytest.importorskip("torchcollx")
 
-from common import SHM_MIN_BYTES, labels_delta  # noqa: E402
+from common import SHM_MIN_BYTES, labels_delta, process_resources, settled_resources  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 TABLE = {"COLLX_TUNING": "table"}  # no calibration cache to read or write as another user
@@ -121,28 +121,20 @@ def test_a_peer_that_cannot_be_attached_falls_back_to_tcp(tmp_path):
         assert warnings == 1, f"rank {rank}: {warnings} warnings, want one per process"
 
 
-def _process_resources():
-    fds = len(os.listdir("/proc/self/fd"))
-    with open("/proc/self/maps") as f:
-        segments = sum("memfd:collx" in line for line in f)
-    threads = len(os.listdir("/proc/self/task"))
-    return fds, segments, threads
-
-
 def _cycles(rank, ws, cycles):
     dist.barrier()  # the default group is set up (after init returned, in the background)
     dist.destroy_process_group(dist.new_group(backend="collx"))  # warm: lazy allocations of torch
-    before = _process_resources()
+    before = settled_resources()
     during = None
     for _ in range(cycles):
         g = dist.new_group(backend="collx")
         x = torch.ones(300000)
         dist.all_reduce(x, group=g)
         assert x[0].item() == ws
-        during = _process_resources()
+        during = process_resources()
         dist.destroy_process_group(g)
     del g  # a group still referenced keeps its backend, and so its mappings
-    return before, during, _process_resources()
+    return before, during, settled_resources()
 
 
 def test_no_descriptor_mapping_or_thread_leaks_over_50_groups():

@@ -19,6 +19,7 @@ import torch.distributed as dist
 pytest.importorskip("torchcollx")
 
 import launcher  # noqa: E402
+from common import settled_resources  # noqa: E402
 from launcher import run_ranks  # noqa: E402
 
 CYCLES = 50
@@ -26,7 +27,8 @@ WARMUP = 3
 
 
 def _counts():
-    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task"))
+    fds, _, threads = settled_resources()
+    return fds, threads
 
 
 def _cycles(rank, ws, port):
@@ -66,7 +68,6 @@ def _cycles(rank, ws, port):
             raise AssertionError("an unmatched irecv completed after destroy")
         except dist.DistBackendError as e:
             assert "shut down" in str(e) or "Connection closed by peer" in str(e), str(e)
-    time.sleep(0.5)  # let finished threads leave /proc/self/task
     counts.append(_counts())
     return counts
 
@@ -75,8 +76,8 @@ def test_init_destroy_cycles_leak_no_threads_or_fds():
     counts = run_ranks(_cycles, 2, timeout=300, init=False, args=(launcher.free_port(),))
     for rank, ((fd0, th0), (fd1, th1)) in enumerate(counts):
         print(f"rank {rank}: fds {fd0} -> {fd1}, threads {th0} -> {th1} over {CYCLES} cycles")
-        assert fd1 - fd0 <= 2, f"rank {rank}: {fd1 - fd0} file descriptors leaked over {CYCLES} cycles ({fd0} -> {fd1})"
-        assert th1 - th0 <= 1, f"rank {rank}: {th1 - th0} threads leaked over {CYCLES} cycles ({th0} -> {th1})"
+        assert fd1 == fd0, f"rank {rank}: {fd1 - fd0} file descriptors leaked over {CYCLES} cycles ({fd0} -> {fd1})"
+        assert th1 == th0, f"rank {rank}: {th1 - th0} threads leaked over {CYCLES} cycles ({th0} -> {th1})"
 
 
 EXIT_SCRIPT = textwrap.dedent("""
