@@ -32,10 +32,11 @@ def _counts():
 
 
 def _cycles(rank, ws, port):
-    """One TCPStore for all cycles (torch's own store threads and sockets stay
-    out of the count); each cycle: init, a subgroup, ops, async ops never
-    waited, destroy."""
-    base = dist.TCPStore("127.0.0.1", port, ws, rank == 0, timeout=datetime.timedelta(seconds=60))
+    """One TCPStore for all cycles, served by the test's own process, so that
+    a rank counts only its own threads and descriptors (a server's side of a
+    peer's connection closes when the server gets to it); each cycle: init,
+    a subgroup, ops, async ops never waited, destroy."""
+    base = dist.TCPStore("127.0.0.1", port, ws, False, timeout=datetime.timedelta(seconds=60))
     counts = []
     for cycle in range(WARMUP + CYCLES):
         if cycle == WARMUP:
@@ -73,7 +74,9 @@ def _cycles(rank, ws, port):
 
 
 def test_init_destroy_cycles_leak_no_threads_or_fds():
-    counts = run_ranks(_cycles, 2, timeout=300, init=False, args=(launcher.free_port(),))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=60))
+    counts = run_ranks(_cycles, 2, timeout=300, init=False, args=(server.port,))
     for rank, ((fd0, th0), (fd1, th1)) in enumerate(counts):
         print(f"rank {rank}: fds {fd0} -> {fd1}, threads {th0} -> {th1} over {CYCLES} cycles")
         assert fd1 == fd0, f"rank {rank}: {fd1 - fd0} file descriptors leaked over {CYCLES} cycles ({fd0} -> {fd1})"
