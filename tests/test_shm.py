@@ -379,9 +379,13 @@ def test_ranks_started_on_one_core_part_within_a_few_ops():
     assert not long, f"the ranks shared a core for over 20 ops and 20 ms: (first op, ops, s) {long}"
 
 
-def _pinned_on_one_core(rank, ws, ops):
+def _pinned_on_one_core(rank, ws, ops, when):
     core = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {core})
+    if when == "before init":  # every thread of the rank inherits the mask
+        os.sched_setaffinity(0, {core})
+        dist.init_process_group("collx", init_method=os.environ["COLLX_TEST_INIT_METHOD"], rank=rank, world_size=ws)
+    else:  # pins this thread only: collx's executor, started at init, keeps its mask
+        os.sched_setaffinity(0, {core})
     x = torch.ones(1024)
     for i in range(ops):
         x.fill_(float(rank + i))
@@ -390,7 +394,16 @@ def _pinned_on_one_core(rank, ws, ops):
     return torchcollx.get_stats()["core_moves"], os.sched_getaffinity(0) == {core}
 
 
-def test_ranks_pinned_to_one_core_stay_there():
-    """The user's pinning holds: the waits that part stacked ranks never move a pinned one."""
-    for moves, still_pinned in run_ranks(_pinned_on_one_core, 2, timeout=90, env=TABLE, args=(200,)):
-        assert moves == 0 and still_pinned, (moves, still_pinned)
+@pytest.mark.parametrize("when", ["before init", "after init"])
+def test_ranks_pinned_to_one_core_stay_there(when):
+    """The user's pinning holds: the waits that part stacked ranks never move a
+    pinned thread, and leave the caller's mask as it was. Pinned before init,
+    every thread of the rank is pinned, so no move may happen at all. Pinned
+    after init, only the caller's thread is: an op run on collx's executor
+    thread (the first, queued behind the group's setup) may move that thread,
+    as its mask is the one it had at init (as gloo's and NCCL's threads)."""
+    for moves, still_pinned in run_ranks(_pinned_on_one_core, 2, timeout=90, env=TABLE, args=(200, when),
+                                         init=when != "before init"):
+        assert still_pinned, "the caller's affinity mask changed"
+        if when == "before init":
+            assert moves == 0, f"{moves} moves of a rank whose threads are all pinned"
