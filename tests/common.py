@@ -51,6 +51,7 @@ def on_shm(group=None) -> bool:
     backend = (group or dist.group.WORLD)._get_backend(torch.device("cpu"))
     return backend.transport.startswith("shared memory")
 
+
 def process_resources():
     """(fds, collx shared-memory mappings, threads) of this process."""
     fds = len(os.listdir("/proc/self/fd"))

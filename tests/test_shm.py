@@ -381,11 +381,9 @@ def test_ranks_started_on_one_core_part_within_a_few_ops():
 
 def _pinned_on_one_core(rank, ws, ops, when):
     core = min(os.sched_getaffinity(0))
-    if when == "before init":  # every thread of the rank inherits the mask
-        os.sched_setaffinity(0, {core})
+    os.sched_setaffinity(0, {core})  # this thread only; threads it starts later inherit the mask
+    if when == "before init":
         dist.init_process_group("collx", init_method=os.environ["COLLX_TEST_INIT_METHOD"], rank=rank, world_size=ws)
-    else:  # pins this thread only: collx's executor, started at init, keeps its mask
-        os.sched_setaffinity(0, {core})
     x = torch.ones(1024)
     for i in range(ops):
         x.fill_(float(rank + i))
