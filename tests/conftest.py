@@ -14,10 +14,14 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 import pytest
+from _pytest.runner import runtestprotocol
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from machine_stalls import StallWatch  # noqa: E402
 
 
 # make check's tier (pytest -m quick): one multi-process case per feature, for
@@ -56,10 +60,45 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu_alone: fills the GPU, so no other test may share it meanwhile")
     config._collx_cache = tempfile.mkdtemp(prefix="collx_test_cache_")
     os.environ["XDG_CACHE_HOME"] = config._collx_cache
+    config._collx_stalls = StallWatch()
+    config._collx_reruns = []
 
 
 def pytest_unconfigure(config):
     shutil.rmtree(getattr(config, "_collx_cache", ""), ignore_errors=True)
+    if hasattr(config, "_collx_stalls"):
+        config._collx_stalls.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test that failed while the whole machine stood still
+    (machine_stalls.py) runs once more, and its second run is the one
+    reported; the stall and the first failure go to the summary. A failure
+    with no stall, or a second one, is reported as it is."""
+    config = item.config
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    start = time.monotonic()
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    if any(r.failed for r in reports):
+        stalls = config._collx_stalls.during(start, time.monotonic())
+        if stalls:
+            first = next(r for r in reports if r.failed)
+            crash = getattr(first.longrepr, "reprcrash", None)
+            why = (crash.message if crash else first.longreprtext).splitlines()[0]
+            config._collx_reruns.append((item.nodeid, stalls, why))
+            reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    for nodeid, stalls, why in getattr(config, "_collx_reruns", []):
+        gaps = ", ".join(f"{b - a:.1f} s" for a, b in stalls)
+        terminalreporter.write_line(f"RERUN {nodeid}: the machine stopped for {gaps} during its first run, "
+                                    f"which failed: {why}")
 
 
 def pytest_report_header(config):

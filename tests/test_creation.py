@@ -28,9 +28,9 @@ def _late_rank(rank, ws, late):
     import torch.distributed as dist
     if rank == late:
         time.sleep(1.5)
-    arrived = time.time()
+    arrived = time.monotonic()
     dist.init_process_group("collx", init_method=os.environ["COLLX_TEST_INIT_METHOD"], rank=rank, world_size=ws)
-    created = time.time()
+    created = time.monotonic()
     t = torch.full((1000,), float(rank))
     dist.all_reduce(t)
     ok = torch.equal(t, torch.full_like(t, ws * (ws - 1) / 2))

@@ -75,9 +75,9 @@ def test_shrink_then_cuda_all_reduce(ws):
 
 def _store_barrier(store, name, ws):
     store.add(name, 1)
-    deadline = time.time() + 30
+    deadline = time.monotonic() + 30
     while int(store.add(name, 0)) < ws:
-        assert time.time() < deadline, f"store barrier {name}"
+        assert time.monotonic() < deadline, f"store barrier {name}"
         time.sleep(0.005)
 
 
@@ -106,10 +106,10 @@ def _abort_with_buffers_mapped(rank, ws):
         work = dist.all_reduce(t, async_op=True)
         if rank == 0:
             time.sleep(0.3)
-            out["abort_at"] = time.time()
+            out["abort_at"] = time.monotonic()
             dist.distributed_c10d._abort_process_group()
         out["wait"] = _attempt(work.wait)
-        out["failed_at"] = time.time()
+        out["failed_at"] = time.monotonic()
         del work
     _store_barrier(store, "failed", ws)
     if rank != 0:

@@ -35,9 +35,9 @@ def _attempt(fn):
     """(exception name or "ok", message, wall time when it ended)."""
     try:
         fn()
-        return ("ok", "", time.time())
+        return ("ok", "", time.monotonic())
     except Exception as e:
-        return (type(e).__name__, str(e), time.time())
+        return (type(e).__name__, str(e), time.monotonic())
 
 
 # ------------------------------------------------------------------ dead peer
@@ -59,7 +59,7 @@ def _dead_peer(rank, ws, victim, when, stamp, op, count):
 
     def die():
         with open(stamp, "w") as f:
-            f.write(repr(time.time()))
+            f.write(repr(time.monotonic()))
         os.kill(os.getpid(), signal.SIGKILL)
 
     if rank == victim:
@@ -71,19 +71,19 @@ def _dead_peer(rank, ws, victim, when, stamp, op, count):
     if when == "before":
         time.sleep(0.5)
     first = None
-    until = time.time() + 20
-    while time.time() < until:  # "during": back-to-back ops until the kill lands
+    until = time.monotonic() + 20
+    while time.monotonic() < until:  # "during": back-to-back ops until the kill lands
         first = _attempt(run)
         if first[0] != "ok":
             break
     with open(stamp) as f:
         killed_at = float(f.read())
-    t0 = time.time()
+    t0 = time.monotonic()
     later = _attempt(lambda: dist.all_reduce(torch.ones(10)))
     later_took = later[2] - t0
-    t0 = time.time()
+    t0 = time.monotonic()
     dist.destroy_process_group()
-    destroy_took = time.time() - t0
+    destroy_took = time.monotonic() - t0
     return {"first": first, "killed_at": killed_at, "later": later, "later_took": later_took,
             "destroy_took": destroy_took, "initialized": dist.is_initialized()}
 
@@ -142,10 +142,10 @@ def _stalled_peer(rank, ws, victim, op_timeout, group_timeout):
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     opts = dist.AllreduceOptions()
     opts.timeout = datetime.timedelta(seconds=op_timeout)
-    t0 = time.time()
+    t0 = time.monotonic()
     per_op = _attempt(lambda: backend.allreduce([torch.ones(100)], opts).wait())
     per_op = per_op[:2] + (per_op[2] - t0,)
-    t0 = time.time()
+    t0 = time.monotonic()
     grp = _attempt(lambda: dist.broadcast(torch.ones(100), src=victim, group=g2))
     grp = grp[:2] + (grp[2] - t0,)
     if rank == min(r for r in range(ws) if r != victim):

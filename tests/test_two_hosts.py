@@ -84,7 +84,7 @@ def run():
         if len(_ranks_done(tmp, "loop")) == WS:
             time.sleep(1.0)  # a few hundred all-reduces into the loop
             hosts.link_down(0)
-            cut_time = time.time()
+            cut_time = time.monotonic()
             _wait(tmp, time.monotonic() + CUT_LIMIT, procs, "rank")
         results = {}
         for r in _ranks_done(tmp, "rank"):

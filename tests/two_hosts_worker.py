@@ -117,16 +117,16 @@ def measure(groups, size_mb, iters):
 def loop_until_error(rank, ready_path, limit_s):
     """All-reduces on the default group until one fails (the test cuts the link)."""
     t = torch.ones(1 << 18)
-    start = time.time()
+    start = time.monotonic()
     open(ready_path, "w").close()
-    while time.time() - start < limit_s:
+    while time.monotonic() - start < limit_s:
         try:
             dist.all_reduce(t)
         except Exception as e:  # noqa: BLE001 - recorded and judged by the test
             return {"type": type(e).__name__, "dist_backend_error": isinstance(e, dist.DistBackendError),
-                    "message": str(e)[:2000], "time": time.time()}
+                    "message": str(e)[:2000], "time": time.monotonic()}
         t.fill_(1.0)
-    return {"type": None, "message": f"no error in {limit_s} s", "time": time.time()}
+    return {"type": None, "message": f"no error in {limit_s} s", "time": time.monotonic()}
 
 
 def main():
