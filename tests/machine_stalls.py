@@ -11,6 +11,7 @@ and names the stall in the summary.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -46,9 +47,10 @@ class StallWatch:
 
 
 def _watch():
+    parent = os.getppid()
     print("watching", flush=True)
     last = time.monotonic()
-    while True:
+    while os.getppid() == parent:  # ends with the session, however it ends
         time.sleep(SLEEP_S)
         now = time.monotonic()
         if now - last > SLEEP_S + LIMIT_S:
