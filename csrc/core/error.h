@@ -30,7 +30,11 @@ class PeerAbortedError : public Error {
 // A peer's connection ended: its process exited, or it closed its group.
 class PeerClosedError : public Error {
  public:
-  using Error::Error;
+  explicit PeerClosedError(const std::string& msg, int peer = -1) : Error(msg), peer_(peer) {}
+  int peer() const { return peer_; }  // -1 where not one peer's
+
+ private:
+  int peer_;
 };
 
 namespace detail {
@@ -70,7 +74,8 @@ inline PeerAbortedError peerAborted(int rank, int peer, const std::string& why) 
 // wording, "Connection closed by peer", which torchft and log scrapers match.
 inline PeerClosedError peerClosed(int rank, int peer, const std::string& channel) {
   return PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank, ", ", channel,
-                             " connection; the peer's process exited or it closed its group)"));
+                             " connection; the peer's process exited or it closed its group)"),
+                         peer);
 }
 
 // What an error about `peer` adds of the note it left (why it failed,

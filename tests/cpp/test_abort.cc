@@ -2,7 +2,8 @@
 // peer of an aborting rank fails at once with the rank's reason (its abort
 // frame), whether the rank was idle or waiting in an op; and the failure
 // kinds that Backend::getError reports; an op the aborting rank had
-// finished still completes on its peers.
+// finished still completes on its peers; and a rank whose frame cannot go
+// out leaves its reason in the Store.
 #include <atomic>
 #include <memory>
 #include <thread>
@@ -217,6 +218,36 @@ void testTimeoutKind() {
   });
 }
 
+// A rank whose abort frame cannot go out leaves its cause in the Store: rank
+// 0 times out with half of a large message to rank 1 sent, and rank 1, busy
+// sending to rank 0, reads no more than its read-ahead within the grace.
+// Rank 0 closes with rank 1's bytes unread, so rank 1's send is reset; its
+// error names rank 0's cause, not only that rank 0's connection ended.
+void testUnsentAbortFrameLeavesANote() {
+  auto store = std::make_shared<test::MemoryStore>();
+  tcp::DeviceOptions options = test::over(shm::Mode::kTcp);
+  options.notes = store;
+  std::vector<std::unique_ptr<tcp::Device>> devices(2);
+  test::runRanks(2, [&](int r) { devices[r] = std::make_unique<tcp::Device>(*store, r, 2, options); });
+  std::vector<std::string> error(2);
+  test::runRanks(2, [&](int r) {
+    tcp::Device& d = *devices[r];
+    std::vector<char> big(64 << 20, char(r));
+    d.postSend(1 - r, Frame{OpKind::kAllToAll, DataType::kUInt8, 1, 0}, big.data(), big.size(), 1);
+    const auto deadline = Clock::now() + (r == 0 ? std::chrono::milliseconds(300) : std::chrono::seconds(60));
+    try {
+      waitAll(d, deadline);
+    } catch (const Error& e) {
+      error[r] = e.what();
+    }
+  });
+  CHECK(error[0].find("Timed out") != std::string::npos, "rank 0 got: ", error[0]);
+  CHECK(error[1].find("peer 0 failed and aborted the group") != std::string::npos &&
+            error[1].find("Timed out") != std::string::npos,
+        "rank 1 lacks rank 0's cause: ", error[1]);
+  CHECK(devices[1]->failure() == Failure::kRemote, "rank 1's failure kind");
+}
+
 }  // namespace
 
 int main() {
@@ -235,6 +266,7 @@ int main() {
   testFailureAfterCalibration(shm::Mode::kTcp);
   testFailureAfterCalibration(shm::Mode::kShm);
   testTimeoutKind();
+  testUnsentAbortFrameLeavesANote();
   std::printf("test_abort: ok\n");
   return 0;
 }

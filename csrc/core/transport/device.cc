@@ -296,7 +296,6 @@ void Device::breakGroup(const std::string& why, Failure kind, Deadline grace, ui
   error_ = why;
   errorIsTimeout_ = kind == Failure::kTimeout;
   failure_ = kind;
-  if (lazy_) connector_->leaveNote(error_);  // for peers that have not connected yet
   // Tell every peer why, so that ranks waiting on this one fail now with the
   // cause instead of at their timeout; then close, since the byte streams
   // are at unknown positions and nothing more can be matched. Finishing a
@@ -304,6 +303,9 @@ void Device::breakGroup(const std::string& why, Failure kind, Deadline grace, ui
   for (auto& p : pairs_) {
     if (p) p->sendAbort(error_, grace, unfinished);
   }
+  // A peer that was not reading gets no frame: it finds the note when it
+  // sees the close (waitSome), as do peers not yet connected.
+  connector_->leaveNote(error_);
   closeSockets();
   pending_ = 0;
 }
@@ -402,6 +404,15 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
       }
     }
   } catch (const TimeoutError&) {
+    throw;
+  } catch (const PeerClosedError& e) {
+    // A peer that failed first left its cause before it closed (breakGroup);
+    // an end this rank made (interrupt) has none to look for.
+    if (error_.empty()) {
+      const std::string note = e.peer() >= 0 && !interrupted_ ? connector_->readNote(e.peer()) : "";
+      if (!note.empty()) breakWith(peerAborted(rank_, e.peer(), note), false);
+      breakWith(e, false);
+    }
     throw;
   } catch (const Error& e) {
     if (error_.empty()) breakWith(e, false);

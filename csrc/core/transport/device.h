@@ -37,8 +37,9 @@ struct DeviceOptions {
   bool lazy = true;
   std::string hostLabel;  // stands for this rank's host in the host indices (rendezvous.h); "": its address
   int wakeFd = -1;  // readable: the connects at creation stop (a group shut down while it connects)
-  // A lazy group's Store for the rest of its life: where a rank whose group
-  // breaks leaves why, for peers that dial it later (Connector::setNotes).
+  // The group's Store for the rest of its life: where a rank whose group
+  // breaks leaves why, for peers that dial it later or see its connection
+  // close without its abort frame (Connector::setNotes).
   std::shared_ptr<Store> notes;
 };
 

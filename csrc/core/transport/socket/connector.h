@@ -59,11 +59,13 @@ class Connector {
 
   const Directory& directory() const { return dir_; }
 
-  // Abort frames travel only on connections, and a lazy rank dials a peer
-  // when an op first needs it: a peer that failed and closed its group
-  // before then would refuse the dial and leave no cause. So a failing rank
-  // leaves its reason in `notes` (at "<prefix>left/<rank>"), and a refused
-  // dial reads it; neither waits long for the Store (askStore).
+  // Abort frames travel only on connections that take them: a lazy rank
+  // dials a peer when an op first needs it, so a peer that failed and closed
+  // its group before then would refuse the dial and leave no cause; and a
+  // peer that is not reading cannot take a frame behind a half-sent message.
+  // So a failing rank leaves its reason in `notes` (at "<prefix>left/<rank>")
+  // before it closes, and a refused dial or a closed connection reads it;
+  // neither waits long for the Store (askStore).
   void setNotes(std::shared_ptr<Store> notes) { notes_ = std::move(notes); }
   void leaveNote(const std::string& why) noexcept;
   // The note `peer` left, or "" where it left none or the Store did not
