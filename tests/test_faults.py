@@ -32,7 +32,7 @@ GROUP_TIMEOUT = 60.0
 
 
 def _attempt(fn):
-    """(exception name or "ok", message, wall time when it ended)."""
+    """(exception name or "ok", message, time.monotonic() when it ended: one clock for every process)."""
     try:
         fn()
         return ("ok", "", time.monotonic())
