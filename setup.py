@@ -1,13 +1,19 @@
 """Builds torchcollx._C. CUDA kernels are compiled when torch is a CUDA build
 and a CUDA toolkit (nvcc + headers) is found; otherwise a CPU-only build.
 
-    pip install --no-build-isolation -e .
+    pip install --no-build-isolation -e .              # the source tree (make build)
+    pip wheel --no-build-isolation --no-deps -w dist . # a wheel (make wheel)
+
+The extension is tied to the torch it is built against, so the version's
+local tag names that torch ("0.2.0+torch2.14.1.cu130"), the wheel requires
+exactly that release, and torchcollx/_build.py records it for the import's
+check (torchcollx/__init__.py).
 """
 import glob
 import os
 import shutil
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 
 def find_cuda_home():
@@ -59,12 +65,18 @@ else:
         extra_compile_args={"cxx": cxx_flags},
     )
 
+RELEASE = "0.2.0"
+torch_release = torch.__version__.split("+")[0]
+torch_variant = "cu" + torch.version.cuda.replace(".", "") if torch.version.cuda else "cpu"
+version = f"{RELEASE}+torch{torch_release}.{torch_variant}"
+with open(os.path.join(ROOT, "torchcollx", "_build.py"), "w") as f:
+    f.write(f'"""Written by setup.py: what this build of torchcollx._C was built against."""\n'
+            f"VERSION = {version!r}\n"
+            f"TORCH_VERSION = {torch.__version__!r}\n")
+
 setup(
-    name="torchcollx",
-    version="0.1.0",
-    description="collx: a TCP collective backend for torch.distributed",
-    packages=find_packages(include=["torchcollx", "torchcollx.*"]),
+    version=version,
+    install_requires=[f"torch=={torch_release}"],
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    python_requires=">=3.10",
 )

@@ -1,7 +1,9 @@
 """collx: a TCP collective backend for torch.distributed.
 
-``import torchcollx`` registers the backend ``"collx"`` for CPU and CUDA
-tensors; then ``dist.init_process_group("collx")``.
+``dist.init_process_group("collx")`` finds it through the entry point
+``torch.distributed.backends`` of the installed package, which calls
+``register``; ``import torchcollx`` registers it too. Either way the backend
+``"collx"`` serves CPU and CUDA tensors.
 """
 from __future__ import annotations
 
@@ -12,12 +14,29 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as _C10dBackend
 
-from . import _C, fr
+from ._build import TORCH_VERSION as _BUILT_FOR, VERSION as __version__
+
+
+def _check_torch():
+    """The extension is tied to the torch it was built against (vtables and
+    symbols differ between releases and between CPU and CUDA builds), so a
+    mismatch is an error that says what to do, not an undefined symbol."""
+    if torch.__version__ != _BUILT_FOR:
+        raise ImportError(
+            f"torchcollx {__version__} was built against torch {_BUILT_FOR}, but this process runs torch "
+            f"{torch.__version__}. Install the torchcollx wheel built for torch {torch.__version__}, or rebuild "
+            f"it against this torch: `pip install --no-build-isolation .` (or `make wheel`) in the torchcollx "
+            f"source tree, with this torch installed.")
+
+
+_check_torch()
+
+from . import _C, fr  # noqa: E402
 from .ddp import CommHookState, comm_hook
 from .options import ALGORITHMS, Options
 from .stats import get_stats, hook_stats
 
-__all__ = ["Options", "ALGORITHMS", "get_stats", "hook_stats", "BACKEND_NAME", "CommHookState", "comm_hook"]
+__all__ = ["register", "Options", "ALGORITHMS", "get_stats", "hook_stats", "BACKEND_NAME", "CommHookState", "comm_hook"]
 
 BACKEND_NAME = "collx"
 
@@ -94,5 +113,13 @@ if hasattr(dist.distributed_c10d, "_create_shrunk_process_group"):
 
 fr.install()
 
-if BACKEND_NAME.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+
+def register():
+    """Registers the backend "collx" for CPU and CUDA tensors, once per process.
+    torch.distributed calls it through the package's entry point the first
+    time a group names "collx"; the import calls it too."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])
+
+
+register()
