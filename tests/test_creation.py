@@ -149,3 +149,48 @@ def test_a_rank_killed_after_creation_fails_the_first_op_fast(victim, transport,
         # The victim dies in the setup or after it: once wrapped as init's failure, or as the op's.
         assert f"peer {victim}" in message and message.count("collx init") <= 1, f"rank {rank}: {message}"
         assert took < 5.0, f"rank {rank}: failed after {took:.1f} s (group timeout 60 s): {message}"
+
+
+def _member_leaves_at_once(rank, ws, how):
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    g = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=60))
+    if rank == ws - 1:  # leaves right after creation, while the others set the group up
+        if how == "destroy":
+            dist.destroy_process_group(g)
+            return None
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.full((1000,), 7.0) if rank == 0 else torch.zeros(1000)
+    if rank == 0:
+        dist.send(t, 1, group=g)
+    else:
+        dist.recv(t, 0, group=g)
+    received = bool(t.eq(7.0).all())
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4), group=g)
+        error = None
+    except dist.DistBackendError as e:
+        error = str(e)
+    return received, error, time.monotonic() - start
+
+
+# torchft's resiliency tests shut a member's group down right after creating
+# it. That fails only the ops that need the member: its peers finish setting
+# the group up without it, send and receive among themselves, and a
+# collective fails at once, naming it.
+@pytest.mark.parametrize("how", ["destroy", "kill"])
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_member_that_leaves_at_once_fails_only_the_ops_that_need_it(how, transport):
+    ws = 3
+    results = run_ranks(_member_leaves_at_once, ws, timeout=120, args=(how,), may_die={ws - 1},
+                        env={"COLLX_TRANSPORT": transport})
+    for rank, (received, error, took) in enumerate(results[:-1]):
+        assert received, f"rank {rank}: the send between the other ranks did not arrive"
+        assert error is not None, f"rank {rank}: an all-reduce without rank 2 succeeded"
+        assert "peer 2" in error, f"rank {rank}: {error}"
+        if how == "destroy":
+            assert "closed its group" in error, f"rank {rank}: {error}"
+        assert took < 5.0, f"rank {rank}: failed after {took:.1f} s (group timeout 60 s): {error}"

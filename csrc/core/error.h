@@ -78,9 +78,14 @@ inline PeerClosedError peerClosed(int rank, int peer, const std::string& channel
                          peer);
 }
 
+// The note a rank leaves when it closes a group that peers may still dial
+// (destroy_process_group, shutdown, abort before the group was set up).
+inline constexpr const char* kClosedItsGroup = "closed its group";
+
 // What an error about `peer` adds of the note it left (why it failed,
 // socket/connector.h): "" where it left none.
 inline std::string noteOfPeer(int peer, const std::string& note) {
+  if (note == kClosedItsGroup) return str("; peer ", peer, " closed its group");
   return note.empty() ? "" : str("; peer ", peer, " had failed: ", note);
 }
 

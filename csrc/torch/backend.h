@@ -292,6 +292,8 @@ class CollxBackend : public c10d::Backend {
   // Fits auto's cost model to this group (or takes the table, a file, the
   // cache): the group's first exchange, before any op.
   void tune();
+  // tune(), or the table where a member left during setup (lifecycle.cc).
+  void tuneWithout(bool departed);
 
   // The group's timeout now: dist.set_timeout changes it for later ops.
   std::chrono::milliseconds timeout() const { return timeout_.load(); }

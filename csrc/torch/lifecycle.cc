@@ -195,7 +195,7 @@ void CollxBackend::build(StoreAdapter& adapter, tcp::Directory announced, Clock:
   if (setupInterrupted_) throw setupInterrupted();
   if (device_->shmUnavailable()) warnShmOnce(rank, size, device_->transportNote());
   if (!turns.await(ticket, setupInterrupted_)) throw setupInterrupted();
-  tune();
+  tuneWithout(device_->departedPeers() > 0);
   if (logs(LogLevel::kInfo)) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     const std::vector<int> h = hosts();
@@ -240,6 +240,27 @@ tcp::Device& CollxBackend::device() const {
 tcp::Device* CollxBackend::published() const {
   std::lock_guard<std::mutex> lock(setupMutex_);
   return device_.get();
+}
+
+// A member that left during setup fails the ops that need it, not the
+// group's setup: send and recv among the others go on. So with a departed
+// member the group is not timed (the timing is collective) and starts from
+// the table; and a calibration that broke on a member that left (a rank that
+// saw it go only then) leaves the group's collectives failing with why,
+// where the ops between the others still run.
+void CollxBackend::tuneWithout(bool departed) {
+  if (departed) {
+    if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, "a member left while the group was set up; not calibrated");
+    tuning_ = Tuning::table();
+    return;
+  }
+  try {
+    tune();
+  } catch (const std::exception& e) {
+    if (device_->failure() == tcp::Device::Failure::kNone) throw;
+    if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, collx::str("the calibration failed: ", e.what()));
+    tuning_ = Tuning::table();
+  }
 }
 
 void CollxBackend::tune() {

@@ -5,10 +5,13 @@
 // one whose group broke first names its reason, whether it refused the dial
 // or closed it unanswered; a rank's death reaches every rank waiting in a
 // ring all-reduce, though each holds sockets to its two neighbours only;
-// ranks whose COLLX_CONNECT differs fail at creation.
+// ranks whose COLLX_CONNECT differs fail at creation; a member that closes
+// its group during setup fails only the ops that need it.
 #include <dirent.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <future>
@@ -169,6 +172,74 @@ void testPeerGone() {
   std::printf("lazy: a departed peer fails dials at once (%lld ms): %s\n", (long long)ms, collective.c_str());
 }
 
+// A member that closes its group while the group is still being set up
+// (torchft's tests shut a rank's group down right after creating it) fails
+// only the ops that need it: the others finish their setup without it,
+// send and receive among themselves, and a collective fails at once with
+// "peer 2 closed its group". Over shared memory (its peers dial it at
+// setup) and over eager TCP.
+void testMemberClosedDuringSetup(shm::Mode mode, bool lazy) {
+  const int n = 3, leaver = 2;
+  auto store = std::make_shared<test::MemoryStore>();
+  tcp::DeviceOptions options = test::over(mode);
+  options.lazy = lazy;
+  options.notes = store;
+  std::vector<std::unique_ptr<tcp::Device>> devices(n);
+  std::string leaverError;
+  test::runRanks(n, [&](int r) {
+    tcp::DeviceOptions o = options;
+    int closing = -1;
+    if (r == leaver) {  // shut down before its setup connected: the wake fd is set
+      closing = ::eventfd(1, EFD_CLOEXEC);
+      o.wakeFd = closing;
+    }
+    try {
+      devices[r] = std::make_unique<tcp::Device>(*store, r, n, o);
+    } catch (const Error& e) {
+      leaverError = e.what();
+    }
+    if (closing >= 0) ::close(closing);
+  });
+  CHECK(!devices[leaver], "the closed member's setup succeeded");
+  // Its peers on the host dial it at setup and see it leave; an eager TCP
+  // peer may have connected before it left, and sees the close at its op.
+  const bool local = mode != shm::Mode::kTcp;
+  CHECK(!local || (devices[0]->departedPeers() == 1 && devices[1]->departedPeers() == 1), "departed: ",
+        devices[0]->departedPeers(), " and ", devices[1]->departedPeers());
+  // Send and receive between the others.
+  std::vector<float> sent(100, 7.0f), got(100, 0.0f);
+  std::promise<std::string> sendDone, recvDone;
+  auto done = [](std::promise<std::string>& p) {
+    return [&p](int, std::exception_ptr e) {
+      std::string why;
+      try {
+        if (e) std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        why = ex.what();
+      }
+      p.set_value(why);
+    };
+  };
+  devices[1]->p2p().postRecv(0, 5, {got.data(), 400, DataType::kFloat32}, Clock::now() + 30s, done(recvDone));
+  devices[0]->p2p().postSend(1, 5, {sent.data(), 400, DataType::kFloat32}, Clock::now() + 30s, done(sendDone));
+  const std::string sendWhy = sendDone.get_future().get(), recvWhy = recvDone.get_future().get();
+  CHECK(sendWhy.empty() && recvWhy.empty(), "send: '", sendWhy, "', recv: '", recvWhy, "'");
+  CHECK(got == sent, "the received values differ");
+  // Its own ops fail, naming it, at once.
+  const auto start = Clock::now();
+  if (local) {
+    const std::string p2p = sendError(*devices[0], leaver);
+    CHECK(p2p.find("peer 2 closed its group") != std::string::npos, "p2p: '", p2p, "'");
+  }
+  const auto errors = directAllreduceErrors(devices, 2);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(errors[size_t(r)].find("peer 2 closed its group") != std::string::npos, "rank ", r, "'s all-reduce: '",
+          errors[size_t(r)], "'");
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  CHECK(ms < 5000, "failing took ", ms, " ms");
+}
+
 // A rank whose group broke and closed before a peer ever dialed it leaves
 // its reason in the Store: the peer's refused dial names it, for p2p and
 // for collectives alike, where without the note it could only say that the
@@ -284,6 +355,8 @@ void testModesMustAgree() {
 }  // namespace
 
 int main() {
+  testMemberClosedDuringSetup(shm::Mode::kAuto, true);
+  testMemberClosedDuringSetup(shm::Mode::kTcp, false);
   testDepartedPeerLeavesItsReason();
   testUnansweredDialReadsTheNote();
   testModesMustAgree();

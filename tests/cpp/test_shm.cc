@@ -173,9 +173,10 @@ void testPeerGoneMidOp() {
 
 // A local peer that leaves after its socket connected but before it set its
 // segment's key (a rank killed just after init, whose group connects in the
-// background, or one whose setup failed): the wait for that key ends when
-// the socket closes, naming the peer and its note, not at the group's
-// deadline.
+// background, or one that closed its group at once): the wait for that key
+// ends when the socket closes, not at the group's deadline, and the setup
+// goes on without the peer, noting it as departed with its note; a local
+// peer with no socket (its dial was refused) is departed from the start.
 void testPeerGoneDuringSetup() {
   int pair[2];
   CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0, "socketpair");
@@ -185,18 +186,17 @@ void testPeerGoneDuringSetup() {
     ::close(pair[0]);
   });
   const auto start = Clock::now();
-  std::string error;
-  try {
-    shm::connectLocal(store, "setup/", 7, 1, {0, 0}, {pair[1], -1}, shm::Mode::kAuto, shm::ReadPeers::kNever,
-                      start + std::chrono::seconds(30), [](int peer) { return str("note of ", peer); });
-  } catch (const PeerClosedError& e) {
-    error = e.what();
-  }
+  shm::LocalLinks links =
+      shm::connectLocal(store, "setup/", 7, 1, {0, 0, 0}, {pair[1], -1, -1}, shm::Mode::kAuto, shm::ReadPeers::kNever,
+                        start + std::chrono::seconds(30), [](int peer) { return str("note of ", peer); });
   victim.join();
   ::close(pair[1]);
-  CHECK(error.find("Connection closed by peer 0") == 0 &&
-            error.find("peer 0 had failed: note of 0") != std::string::npos,
-        "got: '", error, "'");
+  const std::string& why = links.departed[0];
+  CHECK(why.find("Connection closed by peer 0") == 0 && why.find("peer 0 had failed: note of 0") != std::string::npos,
+        "got: '", why, "'");
+  CHECK(links.departed[1].empty(), "this rank departed: ", links.departed[1]);
+  CHECK(!links.departed[2].empty(), "a peer with no socket is not departed");
+  CHECK(!links.collectives[0] && !links.collectives[2] && !links.windows[1], "links to departed peers");
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
 

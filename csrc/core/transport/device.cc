@@ -65,6 +65,11 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   address_ = dir.address;
   // Connected now: every peer (eager), or the local ones that shared memory
   // may link. Both ranks of a pair dial (Connector::take keeps one).
+  // A peer that left already (its dial is refused, its socket closes in
+  // the shared-memory setup: it closed its group or died) does not fail the
+  // setup: it is noted as departed, the others connect without it, and
+  // only the ops that need it fail (they dial it and read its note).
+  departed_.resize(size_t(size));
   std::vector<Socket> sockets[kChannels];
   for (auto& channel : sockets) channel.resize(size_t(size));
   shm::LocalLinks local;
@@ -72,16 +77,17 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
     for (int peer = 0; peer < size; ++peer) {
       const bool onHost = hosts_[size_t(peer)] == hosts_[size_t(rank)];
       if (peer == rank || (lazy_ && !(onHost && options.transport != shm::Mode::kTcp))) continue;
-      for (uint32_t ch = 0; ch < kChannels; ++ch) {
-        sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd);
+      try {
+        for (uint32_t ch = 0; ch < kChannels; ++ch) {
+          sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd);
+        }
+      } catch (const PeerClosedError& e) {
+        departed_[size_t(peer)] = e.what();
+        for (auto& channel : sockets) channel[size_t(peer)] = Socket();
       }
     }
-    // Nobody connects any more where every peer is connected (eager, or all on this host).
-    if (std::count_if(sockets[kCollectives].begin(), sockets[kCollectives].end(),
-                      [](const Socket& s) { return s.valid(); }) == size - 1) {
-      lazy_ = false;
-      connector_->stop();
-    }
+    pollfd wake{options.wakeFd, POLLIN, 0};
+    if (options.wakeFd >= 0 && ::poll(&wake, 1, 0) > 0) throw Error("interrupted");
     std::vector<int> fds;
     for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
     local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport, options.readPeers,
@@ -89,8 +95,28 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   } catch (const std::exception& e) {
     // The peers in setup with this rank see its sockets close: the note,
     // left while they are still open, tells them why.
-    connector_->leaveNote(e.what());
+    pollfd wake{options.wakeFd, POLLIN, 0};
+    const bool closing = options.wakeFd >= 0 && ::poll(&wake, 1, 0) > 0;
+    connector_->leaveNote(closing ? kClosedItsGroup : e.what());
     throw;
+  }
+  for (int peer = 0; peer < size; ++peer) {
+    if (departed_[size_t(peer)].empty()) departed_[size_t(peer)] = local.departed[size_t(peer)];
+    if (!departed_[size_t(peer)].empty()) {
+      for (auto& channel : sockets) channel[size_t(peer)] = Socket();
+      connector_->forget(peer);
+    }
+  }
+  // Nobody connects any more where every peer is connected (eager, or all
+  // on this host). Where one departed, an op that needs it dials it: the
+  // refusal says why it left.
+  const bool anyDeparted = departedPeers() > 0;
+  if (std::count_if(sockets[kCollectives].begin(), sockets[kCollectives].end(),
+                    [](const Socket& s) { return s.valid(); }) == size - 1) {
+    lazy_ = false;
+    connector_->stop();
+  } else if (anyDeparted) {
+    lazy_ = true;
   }
   transportNote_ = local.note;
   transportKey_ = local.key;
@@ -112,6 +138,9 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
     };
   }
   p2p_ = std::make_shared<P2PEngine>(rank, std::move(sockets[kPointToPoint]), std::move(local.p2p), std::move(dial));
+  for (int peer = 0; peer < size; ++peer) {
+    if (!departed_[size_t(peer)].empty()) p2p_->depart(peer, departed_[size_t(peer)]);
+  }
   if (lazy_) {
     connector_->setSink(kPointToPoint, [engine = std::weak_ptr<P2PEngine>(p2p_)](int peer, Socket s) {
       if (auto e = engine.lock()) e->adopt(peer, std::move(s));
@@ -160,7 +189,13 @@ void Device::closeSockets() {
   }
 }
 
+int Device::departedPeers() const {
+  return int(std::count_if(departed_.begin(), departed_.end(), [](const std::string& s) { return !s.empty(); }));
+}
+
 void Device::close() {
+  // Peers may still dial a lazy group: a refused dial then reads why.
+  if (lazy_ && error_.empty()) connector_->leaveNote(kClosedItsGroup);
   connector_->stop();
   p2p_->close(str("collx rank ", rank_, ": the process group was shut down"));
   closeSockets();
@@ -410,7 +445,11 @@ void Device::waitSome(std::vector<uint64_t>& done, Deadline deadline) {
     // an end this rank made (interrupt) has none to look for.
     if (error_.empty()) {
       const std::string note = e.peer() >= 0 && !interrupted_ ? connector_->readNote(e.peer()) : "";
-      if (!note.empty()) breakWith(peerAborted(rank_, e.peer(), note), false);
+      const std::string closed = note == kClosedItsGroup ? noteOfPeer(e.peer(), note) : "";
+      if (!closed.empty() && std::string(e.what()).find(closed) == std::string::npos) {
+        breakWith(PeerClosedError(e.what() + closed, e.peer()), false);
+      }
+      if (!note.empty() && closed.empty()) breakWith(peerAborted(rank_, e.peer(), note), false);
       breakWith(e, false);
     }
     throw;

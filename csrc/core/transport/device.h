@@ -67,6 +67,11 @@ class Device : public Transport {
   bool connectsOnUse() const override { return lazy_; }
   // The peers this rank holds a collectives connection (or rings) with.
   int connectedPeers() const;
+  // The peers that left during setup (closed their group, or died), each
+  // with why (a refused dial, or a socket closed in the shared-memory
+  // setup); empty strings for the others. Their ops fail, the rest go on.
+  const std::vector<std::string>& departed() const { return departed_; }
+  int departedPeers() const;
   void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                 uint64_t cookie) override;
   void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
@@ -144,6 +149,7 @@ class Device : public Transport {
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self and peers never posted to
   std::shared_ptr<P2PEngine> p2p_;
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)
+  std::vector<std::string> departed_;         // per rank: why it left during setup ("" if it did not)
   int hostCount_ = 1;
   std::string address_;                       // published "host:port"
   std::string transportNote_, transportKey_;

@@ -64,6 +64,19 @@ void P2PEngine::adopt(int peer, Socket socket) {
   startThread();  // its messages are read (and parked) before any receive is posted
 }
 
+void P2PEngine::depart(int peer, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dead(peer)) return;
+  if (links_[size_t(peer)]) {
+    failLink(peer, why, /*remote=*/true);
+  } else {
+    linkError_[size_t(peer)] = why;
+    linkRemote_[size_t(peer)] = true;
+    failIfNoPeers();
+  }
+  kick();
+}
+
 std::string P2PEngine::ensureLink(int peer, Deadline deadline) {
   if (!connect_ || peer < 0 || size_t(peer) >= links_.size() || peer == rank_) return "";
   std::lock_guard<std::mutex> one(connectMu_);

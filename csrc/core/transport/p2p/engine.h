@@ -56,6 +56,9 @@ class P2PEngine : public PointToPoint {
 
   // A connection that `peer` opened (thread-safe).
   void adopt(int peer, Socket socket);
+  // `peer` left the group (it closed it, or died, during setup): its ops
+  // fail with `why`, now and later, and its connections are dropped.
+  void depart(int peer, const std::string& why);
 
   void postSend(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) override;
   void postRecv(int peer, uint64_t tag, P2PBuffer buffer, Deadline deadline, P2PDone done) override;

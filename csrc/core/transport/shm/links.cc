@@ -105,7 +105,8 @@ PeerClosedError peerLeft(int rank, int peer, const NoteOf& noteOf) {
 
 // A local peer's key. The wait runs in slices, and between them the pair's
 // socket tells whether the peer lives: a peer killed while the group
-// connects fails the wait at once, naming it, not at the group's deadline.
+// connects ends the wait at once, naming it, not at the group's deadline. A
+// peer sets its keys before it closes, so a key it set is read even then.
 std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, int peer, int fd, Deadline deadline,
                               const NoteOf& noteOf) {
   const auto start = Clock::now();
@@ -114,7 +115,10 @@ std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, in
     try {
       return store.get(key, std::clamp(left, std::chrono::milliseconds(0), kLivenessCheck));
     } catch (const TimeoutError&) {
-      if (closedByPeer(fd)) throw peerLeft(rank, peer, noteOf);
+      if (closedByPeer(fd)) {
+        if (auto value = store.tryGet(key)) return *value;
+        throw peerLeft(rank, peer, noteOf);
+      }
       if (left <= kLivenessCheck) {
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
         throw TimeoutError(str("collx rank ", rank, ": timed out after ", waited.count(),
@@ -209,6 +213,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   result.collectives.resize(size_t(size));
   result.p2p.resize(size_t(size));
   result.windows.resize(size_t(size));
+  result.departed.resize(size_t(size));
   std::vector<int> peers;
   for (int r = 0; r < size; ++r) {
     if (r != rank && hosts[r] == hosts[rank]) peers.push_back(r);
@@ -242,9 +247,23 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   bool readAll = readPeers != ReadPeers::kNever;
   const bool allLocal = int(peers.size()) == size - 1;
   double readCost = 0;  // this rank's, where measured
+  // A peer that leaves (its socket closes) goes on the departed list and
+  // out of the setup: the others link without it.
+  auto leaves = [&](int peer, const PeerClosedError& e) { result.departed[size_t(peer)] = e.what(); };
+  auto present = [&](int peer) { return result.departed[size_t(peer)].empty(); };
   for (int peer : peers) {
-    const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
-    const std::string s(v.begin(), v.end());
+    if (fds[size_t(peer)] < 0) result.departed[size_t(peer)] = str("peer ", peer, " left before it connected");
+  }
+  for (int peer : peers) {
+    if (!present(peer)) continue;
+    std::string s;
+    try {
+      const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
+      s.assign(v.begin(), v.end());
+    } catch (const PeerClosedError& e) {
+      leaves(peer, e);
+      continue;
+    }
     try {
       if (!ownError.empty()) throw Error(ownError);
       if (!s.empty() && s[0] == '-') throw Error("the peer could not create its segment: " + s.substr(1));
@@ -276,8 +295,16 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   int linked = 0;
   std::string failures;
   for (int peer : peers) {
-    if (!exchangeStatus(rank, peer, fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, noteOf,
-                        why[size_t(peer)])) {
+    if (!present(peer)) continue;
+    bool both = false;
+    try {
+      both = exchangeStatus(rank, peer, fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, noteOf,
+                            why[size_t(peer)]);
+    } catch (const PeerClosedError& e) {
+      leaves(peer, e);
+      continue;
+    }
+    if (!both) {
       failures += str(failures.empty() ? "" : "; ", "peer ", peer, ": ", why[size_t(peer)]);
       continue;
     }
@@ -304,11 +331,14 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
   //    can, where the dearest read any rank measured pays, which each rank
   //    tells the others ("0": not linked, "1": linked, "2 <cost>": linked
   //    and can read every peer, at that cost; 0 where reads are forced).
-  //    Every rank decides on the same words, its own among them.
+  //    Every rank decides on the same words, its own among them; a peer
+  //    that left without its word stands for "0" with every rank that
+  //    waited for it.
+  const bool everyPeer = std::all_of(peers.begin(), peers.end(), present);
   if (allLocal) {
     char mine[48] = "0";
-    if (failures.empty() && readAll) std::snprintf(mine, sizeof mine, "2 %.3g", readCost);
-    if (failures.empty() && !readAll) std::snprintf(mine, sizeof mine, "1");
+    if (failures.empty() && everyPeer && readAll) std::snprintf(mine, sizeof mine, "2 %.3g", readCost);
+    if (failures.empty() && everyPeer && !readAll) std::snprintf(mine, sizeof mine, "1");
     store.set(key + "linked/" + std::to_string(rank), bytesOf(mine));
     bool everyPair = failures.empty();
     double cost = 0;
@@ -319,9 +349,15 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     };
     hear(mine);
     for (int peer : peers) {
-      const auto said =
-          awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
-      hear(std::string(said.begin(), said.end()));
+      if (!present(peer)) continue;
+      try {
+        const auto said =
+            awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
+        hear(std::string(said.begin(), said.end()));
+      } catch (const PeerClosedError& e) {
+        leaves(peer, e);
+        hear("0");
+      }
     }
     if (!everyPair) std::fill(result.windows.begin(), result.windows.end(), nullptr);
     if (everyPair && readAll) result.peerReads = readsAtCost(cost);
@@ -346,7 +382,10 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     result.note = result.key = str("shared memory unavailable (", failures, "); those pairs use TCP");
     COLLX_CHECK(mode != Mode::kShm, "collx rank ", rank, ": COLLX_TRANSPORT=shm, but ", result.note);
   } else {
-    const std::string linkedNote = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings");
+    std::string linkedNote = str("shared memory with ", linked, " local peer(s), ", ring >> 10, " KiB rings");
+    for (int peer : peers) {
+      if (!present(peer)) linkedNote += str("; peer ", peer, " left during setup");
+    }
     result.note = linkedNote + readNote(allLocal && readAll, result.peerReads);
     result.key = linkedNote + (allLocal && readAll ? ", may read in place" : "");
   }

@@ -90,6 +90,10 @@ struct LocalLinks {
   // checked before they are kept anyway).
   std::string key;
   bool unavailable = false;  // some local pair could not use shared memory
+  // Per rank: why a local peer left during setup (its socket closed, or it
+  // had none: it refused the dial), "" for the others. The rest link
+  // without it, and no rank gets the windows.
+  std::vector<std::string> departed;
 };
 
 // What a peer that failed left as its reason ("" if nothing).
@@ -100,9 +104,10 @@ using NoteOf = std::function<std::string(int peer)>;
 // from `mapped`, its mapping here: the best of a few alternating tries.
 double readCostOf(pid_t pid, uint64_t remote, const char* mapped, size_t bytes);
 
-// `fds`: the connected TCP socket per peer (blocking; -1 for self).
-// `readPeers`: whether to read in place (COLLX_SHM_CMA). A local peer whose
-// socket closes during setup fails it at once, with its note.
+// `fds`: the connected TCP socket per peer (blocking; -1 for self, and for a
+// local peer that left before it connected). `readPeers`: whether to read
+// in place (COLLX_SHM_CMA). A local peer whose socket closes during setup
+// leaves it at once, with its note (LocalLinks::departed).
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
                         const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode,
                         ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf = nullptr);

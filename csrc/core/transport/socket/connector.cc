@@ -170,6 +170,14 @@ Socket Connector::take(int peer, Channel channel, Deadline deadline, int wakeFd)
   }
 }
 
+void Connector::forget(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t ch = 0; ch < kChannels; ++ch) {
+    if (state_[ch][size_t(peer)] == State::kDone) state_[ch][size_t(peer)] = State::kIdle;
+    ready_[ch][size_t(peer)].reset();
+  }
+}
+
 PeerClosedError Connector::gone(int peer, Deadline deadline, const std::string& how) const {
   const std::string note = readNote(peer, std::min<Clock::duration>(kNoteWait, deadline - Clock::now()));
   return PeerClosedError(str("Connection closed by peer ", peer, " (collx rank ", rank_, " ", how, ")",

@@ -53,6 +53,10 @@ class Connector {
   // deadline for a peer that died.
   Socket take(int peer, Channel channel, Deadline deadline, int wakeFd = -1);
 
+  // `peer` left: drops what it connected; a later take() dials it again,
+  // and its refusal says why it left.
+  void forget(int peer);
+
   // Closes the listener (new connections are refused) and drops what no one
   // took; take() throws afterwards. Safe to call twice.
   void stop();
