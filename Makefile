@@ -2,7 +2,9 @@
 # a venv with torch, the extension built against it, then the job.
 #   make demo   DDP training over collx on 4 local ranks, one killed mid-training
 #               and the survivors going on (shrink_group), then collx vs gloo
-#   make test   C++ core tests, then the Python multi-process tests
+#   make test   C++ core tests, the Python multi-process tests, then the
+#               installed wheel and the frameworks that take a backend name
+#   make wheel  dist/torchcollx-<version>+torch<release>.<cpu|cuXYZ>-*.whl
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.14.1
@@ -14,7 +16,7 @@ PY := $(VENV)/bin/python
 TORCHRUN := $(VENV)/bin/torchrun
 SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
 
-.PHONY: demo elastic test check test-cpp test-py bench bench-setup bench-mpi torch-suite sanitize sanitize-address sanitize-thread setup build clean
+.PHONY: demo elastic test check wheel test-installed installed-venvs test-cpp test-py bench bench-setup bench-mpi torch-suite sanitize sanitize-address sanitize-thread setup build clean
 
 demo: build
 	$(TORCHRUN) --nproc_per_node=4 examples/train_ddp.py
@@ -22,14 +24,14 @@ demo: build
 	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M --time-per-point 0.3
 	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py --sizes 4,4K,64K,1M,16M --time-per-point 0.3
 
-test: build test-cpp test-py
+test: build test-cpp test-py test-installed
 
 # The loop while editing (about 2 minutes once built): the C++ core tests, in
 # parallel, and one multi-process case per feature (QUICK in tests/conftest.py).
 check: build build/core/build.ninja
 	$(CMAKE) --build build/core -j $(MAX_JOBS)
 	$(CTEST) --test-dir build/core --output-on-failure -j $(MAX_JOBS)
-	$(PY) -m pytest tests -q -m quick -p no:cacheprovider --durations=5
+	$(PY) -m pytest tests -q -m quick -p no:cacheprovider --durations=5 --ignore=tests/installed
 
 # A rank SIGKILLed mid-training; the survivors shrink the group and go on.
 elastic: build
@@ -56,7 +58,38 @@ test-cpp: build/core/build.ninja
 	$(CTEST) --test-dir build/core --output-on-failure
 
 test-py: build
-	$(PY) -m pytest tests -q --durations=10
+	$(PY) -m pytest tests -q --durations=10 --ignore=tests/installed
+
+# The wheel, built against the venv's torch; it requires exactly that torch.
+wheel: $(VENV)/.ready
+	rm -f dist/torchcollx-*.whl
+	$(VENV)/bin/pip wheel -q --no-build-isolation --no-deps -w dist .
+	ls dist/torchcollx-*.whl
+
+# The package as users install it, tested from venvs of its own, cached
+# outside the clone (each holds torch, 5.5 GB): `wheel` holds torch and the
+# wheel alone; `frameworks` adds the frameworks that take a backend name. The
+# wheel is reinstalled into both on every run. tests/installed/ runs their
+# interpreters, never this tree's.
+COLLX_VENVS ?= $(HOME)/.cache/torchcollx/venvs
+FRAMEWORKS := lightning 'ray[train]' accelerate torchft==0.2.0 parameterized expecttest pytest
+installed-venvs: $(COLLX_VENVS)/wheel/.ready $(COLLX_VENVS)/frameworks/.ready
+$(COLLX_VENVS)/wheel/.ready:
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install -q --upgrade pip
+	$(@D)/bin/pip install -q $(TORCH)
+	touch $@
+$(COLLX_VENVS)/frameworks/.ready:
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install -q --upgrade pip
+	$(@D)/bin/pip install -q $(TORCH) $(FRAMEWORKS)
+	touch $@
+
+test-installed: build wheel installed-venvs
+	for v in wheel frameworks; do \
+	  $(COLLX_VENVS)/$$v/bin/pip install -q --force-reinstall --no-deps dist/torchcollx-*.whl || exit 1; done
+	COLLX_WHEEL_VENV=$(COLLX_VENVS)/wheel COLLX_FRAMEWORKS_VENV=$(COLLX_VENVS)/frameworks \
+	  $(PY) -m pytest tests/installed -q --durations=10
 
 bench: build
 	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py
@@ -99,4 +132,4 @@ sanitize-address sanitize-thread: sanitize-%: $(VENV)/.ready
 	$(CTEST) --test-dir build/$* --output-on-failure
 
 clean:
-	rm -rf build torchcollx/_C*.so *.egg-info $(VENV)/.built
+	rm -rf build dist torchcollx/_C*.so torchcollx/_build.py *.egg-info $(VENV)/.built
