@@ -30,16 +30,51 @@ def clean_env(**extra) -> dict:
     return env
 
 
+def kill_tree(root):
+    """SIGKILLs the session that `root` leads (start_new_session made it), the
+    descendants of its members and their sessions: torchrun starts each worker
+    in a session of its own. A reaped `root`'s pid is not reused while its
+    session has members."""
+    procs = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid, _, sid = f.read().rsplit(")", 1)[1].split()[1:4]
+            procs[int(pid)] = (int(ppid), int(sid))
+        except (OSError, ValueError):
+            pass
+    doomed = {pid for pid, (_, sid) in procs.items() if sid == root}
+    grown = True
+    while grown:
+        more = {pid for pid, (ppid, sid) in procs.items() if ppid in doomed or sid in doomed} - doomed
+        doomed |= more
+        grown = bool(more)
+    for pid in doomed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def run(argv, timeout, env=None, cwd=None) -> subprocess.CompletedProcess:
-    """Runs `argv` in a session of its own from a temporary folder; kills the
-    whole session at `timeout` and fails the test with what it printed."""
+    """Runs `argv` in a session of its own from `cwd` (else a new temporary
+    folder), its output to a file (a daemon left behind cannot hold a file
+    open as it holds a pipe); at the end, or at `timeout`, kills whatever of
+    its process tree is left, and fails the test on the timeout."""
     cwd = cwd or tempfile.mkdtemp(prefix="collx_installed_")
-    p = subprocess.Popen(argv, cwd=cwd, env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"{' '.join(argv)} did not finish within {timeout} s:\n{out[-4000:]}")
+    with tempfile.TemporaryFile() as log:
+        p = subprocess.Popen(argv, cwd=cwd, env=env or clean_env(), stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            p.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_tree(p.pid)
+            p.wait()
+        log.seek(0)
+        out = log.read().decode("utf-8", "replace")
+    if timed_out:
+        pytest.fail(f"{' '.join(argv)} did not finish within {timeout} s; killed:\n{out[-4000:]}")
     return subprocess.CompletedProcess(argv, p.returncode, out, None)
