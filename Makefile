@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 TORCHRUN := $(VENV)/bin/torchrun
 SOURCES := $(shell find csrc -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh') setup.py
 
-.PHONY: demo elastic test check wheel test-installed installed-venvs test-cpp test-py bench bench-setup bench-mpi torch-suite sanitize sanitize-address sanitize-thread setup build clean
+.PHONY: demo elastic test check wheel test-installed installed-venvs bench-hosts test-cpp test-py bench bench-setup bench-mpi torch-suite sanitize sanitize-address sanitize-thread setup build clean
 
 demo: build
 	$(TORCHRUN) --nproc_per_node=4 examples/train_ddp.py
@@ -114,6 +114,13 @@ bench-mpi: build bench-setup
 	$(PY) benchmarks/vs_mpi.py --ranks 2
 	$(PY) benchmarks/vs_mpi.py --ranks 4
 	$(PY) benchmarks/cold_beside_mpi.py --ranks 2
+
+# Hosts on this machine (network namespaces on one bridge, each NIC shaped
+# with tc; needs root): the link check, then all_reduce, all_gather and
+# reduce_scatter with gloo beside collx, on the standard grid of issue 69
+# (benchmarks/hosts.py's docstring); 12-15 minutes.
+bench-hosts: build
+	$(PY) benchmarks/hosts.py --grid
 
 # PyTorch's own distributed suite (distributed_test.py in the wheel) on gloo and
 # on collx standing in for gloo, side by side per family, at n=2, 4 and 8 (n=8: torch

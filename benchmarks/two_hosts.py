@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python benchmarks/two_hosts.py [--size-mb 16] [--iters 10] [--nproc 2] [--rate 1gbit]
 
-Makes two network namespaces joined by a veth pair (tests/netns.py), runs a
+Makes two network namespaces, each with a veth on one bridge (tests/netns.py), runs a
 torchrun with --nproc ranks in each (collx bound to the veth), and has every
 rank all-reduce a --size-mb float32 buffer --iters times with the ring, then
 with hier (tests/two_hosts_worker.py --mode bench). The veth's tx+rx byte

@@ -1,4 +1,4 @@
-"""Two hosts for real: two network namespaces joined by a veth pair
+"""Two hosts for real: two network namespaces, each with a veth on one bridge
 (tests/netns.py), a torchrun with 2 ranks in each, collx bound to the veth
 (COLLX_SOCKET_IFNAME). One launch (tests/two_hosts_worker.py) checks, on 4
 ranks over 2 hosts:
