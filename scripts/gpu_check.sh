@@ -6,7 +6,7 @@
 # CUDA call costs, and the all-reduce benchmark on CUDA and on CPU
 # tensors, collx beside gloo, at 2 and 4 ranks. Writes summary.txt and
 # gpu_check.tar.gz (logs, JSON, figures) into OUTDIR. STEPS, a comma list of
-# tests, kernels, costs, allreduce, peers, variants, staging, mps (default: all), runs a part.
+# tests, kernels, costs, allreduce, peers, variants, staging, mps, wheel (default: all), runs a part.
 # scripts/cuda_table.py turns the peers step's JSON into docs/cuda.md's table.
 # On an H200 (2026-11-27/28): build 35-48 s, tests ~75 s, allreduce ~100 s, peers
 # ~130 s, staging ~110 s, mps ~50 s; all of them outrun one device call (600 s),
@@ -117,5 +117,26 @@ if want mps; then
   else
     echo "mps: nvidia-cuda-mps-control not found, step skipped" | tee -a "$W/summary.txt"
   fi
+fi
+# The installed wheel on the GPU (issue 72): built here with the kernels, put
+# in a venv that sees the machine's torch (no network to install one) but not
+# this tree, and used with no import: a 2-rank CUDA all-reduce on cuda:0.
+if want wheel; then
+  run wheel_build 300 $PY -m pip wheel -q --no-build-isolation --no-deps -w "$W/dist" .
+  $PY -m venv --system-site-packages "$W/venv" && "$W/venv/bin/pip" install -q --no-deps "$W"/dist/torchcollx-*.whl
+  cat > "$W/wheel_cuda.py" <<'PYEOF'
+import sys, torch, torch.distributed as dist
+dist.init_process_group("collx")
+t = torch.full((1 << 20,), float(dist.get_rank() + 1), device="cuda:0")
+dist.all_reduce(t)
+ok = bool((t == 3.0).all())
+print(f"rank {dist.get_rank()}: {dist.get_backend()} from {sys.modules['torchcollx'].__file__}, all_reduce ok {ok}")
+dist.destroy_process_group()
+sys.exit(0 if ok else 1)
+PYEOF
+  (cd "$W" && env -u PYTHONPATH timeout 120 "$W/venv/bin/python" -m torch.distributed.run --nproc_per_node=2 \
+     wheel_cuda.py > "$W/wheel_cuda.txt" 2>&1; echo "== wheel_cuda rc=$? $(grep -c 'all_reduce ok True' wheel_cuda.txt) of 2 ranks ok") \
+    | tee -a "$W/summary.txt"
+  pack
 fi
 cat "$W"/bench_*.txt "$W"/staging_*.txt >> "$W/summary.txt" 2>/dev/null

@@ -293,7 +293,7 @@ class CollxBackend : public c10d::Backend {
   // cache): the group's first exchange, before any op.
   void tune();
   // tune(), or the table where a member left during setup (lifecycle.cc).
-  void tuneWithout(bool departed);
+  void tuneOrTable();
 
   // The group's timeout now: dist.set_timeout changes it for later ops.
   std::chrono::milliseconds timeout() const { return timeout_.load(); }

@@ -195,7 +195,7 @@ void CollxBackend::build(StoreAdapter& adapter, tcp::Directory announced, Clock:
   if (setupInterrupted_) throw setupInterrupted();
   if (device_->shmUnavailable()) warnShmOnce(rank, size, device_->transportNote());
   if (!turns.await(ticket, setupInterrupted_)) throw setupInterrupted();
-  tuneWithout(device_->departedPeers() > 0);
+  tuneOrTable();
   if (logs(LogLevel::kInfo)) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     const std::vector<int> h = hosts();
@@ -248,8 +248,8 @@ tcp::Device* CollxBackend::published() const {
 // the table; and a calibration that broke on a member that left (a rank that
 // saw it go only then) leaves the group's collectives failing with why,
 // where the ops between the others still run.
-void CollxBackend::tuneWithout(bool departed) {
-  if (departed) {
+void CollxBackend::tuneOrTable() {
+  if (device_->departedPeers() > 0) {
     if (logs(LogLevel::kWarn)) log(LogLevel::kWarn, "a member left while the group was set up; not calibrated");
     tuning_ = Tuning::table();
     return;

@@ -44,6 +44,12 @@ constexpr auto kSharedCoreYield = std::chrono::microseconds(20);
 constexpr auto kAbortGrace = std::chrono::milliseconds(200);
 // The same for an abort the user asked for, which must return within 100 ms.
 constexpr auto kUserAbortGrace = std::chrono::milliseconds(20);
+
+// Whether the setup's wake fd was set: the group is being shut down.
+bool woken(int wakeFd) {
+  pollfd p{wakeFd, POLLIN, 0};
+  return wakeFd >= 0 && ::poll(&p, 1, 0) > 0;
+}
 }  // namespace
 
 Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
@@ -86,8 +92,7 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
         for (auto& channel : sockets) channel[size_t(peer)] = Socket();
       }
     }
-    pollfd wake{options.wakeFd, POLLIN, 0};
-    if (options.wakeFd >= 0 && ::poll(&wake, 1, 0) > 0) throw Error("interrupted");
+    if (woken(options.wakeFd)) throw Error("interrupted");
     std::vector<int> fds;
     for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
     local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport, options.readPeers,
@@ -95,9 +100,7 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   } catch (const std::exception& e) {
     // The peers in setup with this rank see its sockets close: the note,
     // left while they are still open, tells them why.
-    pollfd wake{options.wakeFd, POLLIN, 0};
-    const bool closing = options.wakeFd >= 0 && ::poll(&wake, 1, 0) > 0;
-    connector_->leaveNote(closing ? kClosedItsGroup : e.what());
+    connector_->leaveNote(woken(options.wakeFd) ? kClosedItsGroup : e.what());
     throw;
   }
   for (int peer = 0; peer < size; ++peer) {
@@ -110,12 +113,11 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   // Nobody connects any more where every peer is connected (eager, or all
   // on this host). Where one departed, an op that needs it dials it: the
   // refusal says why it left.
-  const bool anyDeparted = departedPeers() > 0;
   if (std::count_if(sockets[kCollectives].begin(), sockets[kCollectives].end(),
                     [](const Socket& s) { return s.valid(); }) == size - 1) {
     lazy_ = false;
     connector_->stop();
-  } else if (anyDeparted) {
+  } else if (departedPeers() > 0) {
     lazy_ = true;
   }
   transportNote_ = local.note;

@@ -67,10 +67,9 @@ class Device : public Transport {
   bool connectsOnUse() const override { return lazy_; }
   // The peers this rank holds a collectives connection (or rings) with.
   int connectedPeers() const;
-  // The peers that left during setup (closed their group, or died), each
-  // with why (a refused dial, or a socket closed in the shared-memory
-  // setup); empty strings for the others. Their ops fail, the rest go on.
-  const std::vector<std::string>& departed() const { return departed_; }
+  // How many peers left during setup (closed their group, or died: a
+  // refused dial, or a socket closed in the shared-memory setup). Their ops
+  // fail, the others' go on.
   int departedPeers() const;
   void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                 uint64_t cookie) override;
