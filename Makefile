@@ -69,17 +69,18 @@ wheel: $(VENV)/.ready
 # The package as users install it, tested from venvs of its own, cached
 # outside the clone (each holds torch, 5.5 GB): `wheel` holds torch and the
 # wheel alone; `frameworks` adds the frameworks that take a backend name. The
-# wheel is reinstalled into both on every run. tests/installed/ runs their
-# interpreters, never this tree's.
+# wheel is reinstalled into both on every run, and their packages are checked
+# (quickly, where they are there) whenever this Makefile changes.
+# tests/installed/ runs their interpreters, never this tree's.
 COLLX_VENVS ?= $(HOME)/.cache/torchcollx/venvs
 FRAMEWORKS := lightning 'ray[train]' accelerate torchft==0.2.0 parameterized expecttest pytest
 installed-venvs: $(COLLX_VENVS)/wheel/.ready $(COLLX_VENVS)/frameworks/.ready
-$(COLLX_VENVS)/wheel/.ready:
+$(COLLX_VENVS)/wheel/.ready: Makefile
 	$(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install -q --upgrade pip
 	$(@D)/bin/pip install -q $(TORCH)
 	touch $@
-$(COLLX_VENVS)/frameworks/.ready:
+$(COLLX_VENVS)/frameworks/.ready: Makefile
 	$(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install -q --upgrade pip
 	$(@D)/bin/pip install -q $(TORCH) $(FRAMEWORKS)
