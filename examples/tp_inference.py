@@ -148,6 +148,11 @@ def main():
             rate = (args.tokens - 1) / statistics.median(times[name])
             print(f"{name:16} {rate:>9.1f} {per_op[name] * 1e6:>14.1f}  {tokens[name] == tokens['gloo']}")
     dist.destroy_process_group()
+    if "deepspeed" in runs:  # DeepSpeed leaves this rank's buffer in /dev/shm, named by the job's address and port
+        mine = f"_{os.environ.get('MASTER_ADDR')}_{os.environ.get('MASTER_PORT')}_{rank}"
+        for name in os.listdir("/dev/shm"):
+            if name.startswith("deepspeed_") and name.endswith(mine):
+                os.unlink(os.path.join("/dev/shm", name))
 
 
 if __name__ == "__main__":
