@@ -276,8 +276,9 @@ class Hosts:
         is the ranks per host, one number or one per host (uneven hosts).
         Each rank gets COLLX_SOCKET_IFNAME = its host's NIC and NETNS_HOST =
         its host's index; GLOO_SOCKET_IFNAME too, unless `env` sets it (the
-        shared hostname resolves to 127.0.0.1, where gloo would listen). `torchrun` is the executable, by default this
-        interpreter's venv's. Logs go to LOG_DIR/host{i}.log."""
+        shared hostname resolves to 127.0.0.1, where gloo would listen).
+        `torchrun` is the executable, by default this interpreter's venv's.
+        Logs go to LOG_DIR/host{i}.log (logs() reads them)."""
         nprocs = [nproc] * self.h if isinstance(nproc, int) else list(nproc)
         if len(nprocs) != self.h:
             raise ValueError(f"nproc: one count per host ({self.h}), not {nprocs}")
@@ -294,6 +295,18 @@ class Hosts:
             if log_dir:
                 out.close()  # the child holds its own descriptor
         return procs
+
+    def logs(self, log_dir, tail=3000) -> str:
+        """The last `tail` bytes of each host's torchrun log in `log_dir`."""
+        out = []
+        for host in range(self.h):
+            try:
+                with open(os.path.join(log_dir, f"host{host}.log"), "rb") as f:
+                    text = f.read()[-tail:].decode("utf-8", "replace")
+                out.append(f"--- host {host} (last {tail} bytes) ---\n{text}")
+            except OSError:
+                pass
+        return "\n".join(out)
 
     def shape(self, rate, flow_cap=None, delay=None, loss=None, hosts=None):
         """Shapes each host's NIC both ways (egress of its veth, and egress of

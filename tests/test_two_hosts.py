@@ -50,17 +50,6 @@ def _wait(tmp, deadline, procs, want):
         time.sleep(0.2)
 
 
-def _logs(tmp):
-    out = []
-    for host in (0, 1):
-        try:
-            with open(os.path.join(tmp, f"host{host}.log"), "rb") as f:
-                out.append(f"--- host {host} (last 3000 bytes) ---\n" + f.read()[-3000:].decode("utf-8", "replace"))
-        except OSError:
-            pass
-    return "\n".join(out)
-
-
 @pytest.fixture(scope="module")
 def run():
     tmp = tempfile.mkdtemp(prefix="collx_two_hosts_")
@@ -90,7 +79,7 @@ def run():
         for r in _ranks_done(tmp, "rank"):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 results[r] = json.load(f)
-        yield {"results": results, "cut_time": cut_time, "logs": _logs(tmp)}
+        yield {"results": results, "cut_time": cut_time, "logs": hosts.logs(tmp)}
     finally:
         hosts.close()  # SIGKILLs whatever still runs in the namespaces
         for p in procs:

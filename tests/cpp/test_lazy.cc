@@ -124,20 +124,24 @@ void testAnySourceFirst() {
   std::printf("lazy: a receive from any source gets the senders' new connections\n");
 }
 
+// A p2p op's callback that sets `why` to the op's error ("" if it succeeded).
+P2PDone whyInto(std::promise<std::string>& why) {
+  return [&why](int, std::exception_ptr e) {
+    std::string text;
+    try {
+      if (e) std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      text = ex.what();
+    }
+    why.set_value(text);
+  };
+}
+
 // The error of a p2p send from `from` to peer `to` ("" if it succeeded).
 std::string sendError(tcp::Device& from, int to) {
   std::promise<std::string> failed;
   std::vector<float> data(10);
-  from.p2p().postSend(to, 1, {data.data(), 40, DataType::kFloat32}, Clock::now() + 30s,
-                      [&](int, std::exception_ptr e) {
-                        std::string why;
-                        try {
-                          if (e) std::rethrow_exception(e);
-                        } catch (const std::exception& ex) {
-                          why = ex.what();
-                        }
-                        failed.set_value(why);
-                      });
+  from.p2p().postSend(to, 1, {data.data(), 40, DataType::kFloat32}, Clock::now() + 30s, whyInto(failed));
   return failed.get_future().get();
 }
 
@@ -209,19 +213,8 @@ void testMemberClosedDuringSetup(shm::Mode mode, bool lazy) {
   // Send and receive between the others.
   std::vector<float> sent(100, 7.0f), got(100, 0.0f);
   std::promise<std::string> sendDone, recvDone;
-  auto done = [](std::promise<std::string>& p) {
-    return [&p](int, std::exception_ptr e) {
-      std::string why;
-      try {
-        if (e) std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        why = ex.what();
-      }
-      p.set_value(why);
-    };
-  };
-  devices[1]->p2p().postRecv(0, 5, {got.data(), 400, DataType::kFloat32}, Clock::now() + 30s, done(recvDone));
-  devices[0]->p2p().postSend(1, 5, {sent.data(), 400, DataType::kFloat32}, Clock::now() + 30s, done(sendDone));
+  devices[1]->p2p().postRecv(0, 5, {got.data(), 400, DataType::kFloat32}, Clock::now() + 30s, whyInto(recvDone));
+  devices[0]->p2p().postSend(1, 5, {sent.data(), 400, DataType::kFloat32}, Clock::now() + 30s, whyInto(sendDone));
   const std::string sendWhy = sendDone.get_future().get(), recvWhy = recvDone.get_future().get();
   CHECK(sendWhy.empty() && recvWhy.empty(), "send: '", sendWhy, "', recv: '", recvWhy, "'");
   CHECK(got == sent, "the received values differ");

@@ -14,12 +14,31 @@ import tempfile
 import pytest
 
 
-def venv(variable: str) -> str:
-    """The venv folder that `variable` names; fails (never skips) if it is unusable."""
+MAKE_IT = "run `make test-installed` (it makes the venvs with `make installed-venvs` and installs the wheel)"
+
+
+def venv(variable: str, packages=()) -> str:
+    """The venv folder that `variable` names, once it is known to hold
+    `packages` and torchcollx as an installed wheel (not a source tree);
+    fails (never skips) otherwise, saying what to run."""
     path = os.environ.get(variable)
     if not path or not os.path.exists(os.path.join(path, "bin", "python")):
-        pytest.fail(f"{variable} does not name a venv ({path!r}): run `make test-installed`, which builds the "
-                    "wheel and the cached venvs (`make installed-venvs`) and sets it")
+        pytest.fail(f"{variable} does not name a venv ({path!r}): {MAKE_IT}")
+    probe = ("import importlib.metadata as m, importlib.util as u, sys\n"
+             "for p in sys.argv[1:]:\n"
+             "    try: m.version(p)\n"
+             "    except m.PackageNotFoundError: print('missing', p)\n"
+             "s = u.find_spec('torchcollx')\n"
+             "print('torchcollx', s.origin if s else None)\n")
+    with tempfile.TemporaryDirectory() as cwd:
+        p = subprocess.run([os.path.join(path, "bin", "python"), "-c", probe, *packages], cwd=cwd, env=clean_env(),
+                           capture_output=True, text=True, timeout=60)
+    missing = [line.split()[1] for line in p.stdout.splitlines() if line.startswith("missing ")]
+    if p.returncode != 0 or missing:
+        pytest.fail(f"{path} lacks {' '.join(missing) or 'a working python'}: {MAKE_IT}\n{p.stderr[-2000:]}")
+    origin = p.stdout.rsplit("torchcollx ", 1)[1].strip()
+    if not os.path.realpath(origin).startswith(os.path.realpath(path) + os.sep):
+        pytest.fail(f"{path} imports torchcollx from {origin}, not from an installed wheel: {MAKE_IT}")
     return path
 
 

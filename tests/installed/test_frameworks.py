@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 import time
 
 import pytest
 import torch
 
-from installed import clean_env, run, venv as venv_path
+from installed import run, venv as venv_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
-MAKE_IT = "run `make test-installed` (it makes the venvs with `make installed-venvs` and installs the wheel)"
 
 # framework: (example, launcher, hard timeout in seconds per run)
 FRAMEWORKS = {
@@ -40,23 +38,7 @@ PACKAGES = ("torch", "lightning", "ray", "accelerate", "torchcollx")
 @pytest.fixture(scope="module")
 def venv():
     """The frameworks venv, once it is known to hold the frameworks and the wheel."""
-    path = venv_path("COLLX_FRAMEWORKS_VENV")
-    probe = ("import importlib.metadata as m, importlib.util as u, sys\n"
-             "for p in sys.argv[1:]:\n"
-             "    try: m.version(p)\n"
-             "    except m.PackageNotFoundError: print('missing', p)\n"
-             "s = u.find_spec('torchcollx')\n"
-             "print('torchcollx', s.origin if s else None)\n")
-    with tempfile.TemporaryDirectory() as cwd:
-        p = subprocess.run([os.path.join(path, "bin", "python"), "-c", probe, *PACKAGES], cwd=cwd, env=clean_env(),
-                           capture_output=True, text=True, timeout=60)
-    missing = re.findall(r"^missing (\S+)$", p.stdout, re.M)
-    if p.returncode != 0 or missing:
-        pytest.fail(f"{path} lacks {' '.join(missing) or 'a working python'}: {MAKE_IT}\n{p.stderr[-2000:]}")
-    origin = p.stdout.split("torchcollx ", 1)[1].strip()
-    if not os.path.realpath(origin).startswith(os.path.realpath(path) + os.sep):
-        pytest.fail(f"{path} imports torchcollx from {origin}, not from an installed wheel: {MAKE_IT}")
-    return path
+    return venv_path("COLLX_FRAMEWORKS_VENV", PACKAGES)
 
 
 def _train(venv, framework, backend, tmp):

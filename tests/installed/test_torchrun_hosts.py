@@ -13,44 +13,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 
 import pytest
 
-from installed import clean_env, venv
+from installed import MAKE_IT, clean_env, venv
 from netns import NamespacesUnavailable, TwoHosts
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hosts_script.py")
 WS = 4
 LIMIT = 240  # hard limit, seconds, from launch until both torchruns have exited
-MAKE_IT = "run `make test-installed` (it makes the venvs with `make installed-venvs` and installs the wheel)"
-
-
 def _wheel_venv():
     path = venv("COLLX_WHEEL_VENV")
-    python, torchrun = (os.path.join(path, "bin", x) for x in ("python", "torchrun"))
+    torchrun = os.path.join(path, "bin", "torchrun")
     if not os.access(torchrun, os.X_OK):
         pytest.fail(f"COLLX_WHEEL_VENV={path} has no bin/torchrun: {MAKE_IT}")
-    probe = "import importlib.util as u; s = u.find_spec('torchcollx'); print(s and s.origin)"
-    p = subprocess.run([python, "-c", probe], cwd=tempfile.gettempdir(), env=clean_env(), capture_output=True,
-                       text=True, timeout=60)
-    origin = p.stdout.strip()
-    if p.returncode != 0 or not os.path.realpath(origin).startswith(os.path.realpath(path) + os.sep):
-        pytest.fail(f"{path} has no installed torchcollx wheel (finds {origin or p.stderr[-500:]}): {MAKE_IT}")
     return path, torchrun
-
-
-def _logs(tmp):
-    out = []
-    for host in (0, 1):
-        try:
-            with open(os.path.join(tmp, f"host{host}.log"), "rb") as f:
-                out.append(f"--- host {host} (last 3000 bytes) ---\n" + f.read()[-3000:].decode("utf-8", "replace"))
-        except OSError:
-            pass
-    return "\n".join(out)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +58,7 @@ def run():
                 with open(result) as f:
                     results[r] = json.load(f)
         yield {"venv": wheel_venv, "results": results, "exits": [p.poll() for p in procs], "seconds": seconds,
-               "logs": _logs(tmp)}
+               "logs": hosts.logs(tmp)}
     finally:
         hosts.close()  # SIGKILLs whatever still runs in the namespaces
         for p in procs:
