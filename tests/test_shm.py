@@ -102,6 +102,9 @@ def _unattachable(rank, ws, stderr_path):
             out["forced"] = "no error"
         except Exception as e:
             out["forced"] = (type(e).__name__, str(e))
+        # Rank 0 serves the Store (tcp://): it stays until rank 1's failing
+        # setup is done with the Store too, else rank 1 sees the Store vanish.
+        dist.barrier()
     finally:
         if os.geteuid() != os.getuid():
             os.seteuid(0)
