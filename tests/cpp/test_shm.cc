@@ -5,6 +5,7 @@
 // leaked over many groups. The collectives in the shared windows:
 // test_shm_windows.cc.
 #include <dirent.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -200,6 +201,34 @@ void testPeerGoneDuringSetup() {
   CHECK(Clock::now() - start < std::chrono::seconds(5), "the dead peer was noticed only at the deadline");
 }
 
+// A local peer that is stopped (SIGSTOP) mid-setup keeps its socket open and
+// answers nothing. The group shut down meanwhile (its wake fd written) ends
+// this rank's wait for the peer's status at once, not at the deadline.
+void testSetupInterruptedWhilePeerSilent() {
+  int pair[2];
+  CHECK(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0, "socketpair");
+  const int wake = ::eventfd(0, EFD_CLOEXEC);
+  test::MemoryStore store;
+  store.set("setup/shm/0", {'-', 'x'});  // the peer's key is there; its status byte never comes
+  std::thread shutdown([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const uint64_t one = 1;
+    CHECK(::write(wake, &one, sizeof one) == sizeof one, "eventfd write");
+  });
+  const auto start = Clock::now();
+  std::string error;
+  try {
+    shm::connectLocal(store, "setup/", 7, 1, {0, 0}, {pair[1], -1}, shm::Mode::kAuto, shm::ReadPeers::kNever,
+                      start + std::chrono::seconds(30), nullptr, wake);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  shutdown.join();
+  for (int fd : {pair[0], pair[1], wake}) ::close(fd);
+  CHECK(error == "interrupted", "got: '", error, "'");
+  CHECK(Clock::now() - start < std::chrono::seconds(5), "the shutdown was seen only at the deadline");
+}
+
 // Rank 1 rejects rank 0's frame and aborts while rank 0 still has most of a
 // large message to write into a full ring and nothing to receive: rank 0
 // must read the abort frame waiting in its inbound ring and fail with its
@@ -365,6 +394,7 @@ int main() {
   testReadCost();
   testPeerGoneMidOp();
   testPeerGoneDuringSetup();
+  testSetupInterruptedWhilePeerSilent();
   testAbortWhileSenderBlocked();
   testAbortNoteBehindHalfMessage();
   testOnePairUnlinked();

@@ -91,7 +91,8 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
     std::vector<int> fds;
     for (const Socket& s : sockets[kCollectives]) fds.push_back(s.fd());
     local = shm::connectLocal(store, dir.prefix, dir.token, rank, hosts_, fds, options.transport, options.readPeers,
-                              deadline, [connector = connector_](int peer) { return connector->readNote(peer); });
+                              deadline, [connector = connector_](int peer) { return connector->readNote(peer); },
+                              options.wakeFd);
   } catch (const std::exception& e) {
     // The peers in setup with this rank see its sockets close: the note,
     // left while they are still open, tells them why.

@@ -83,6 +83,13 @@ bool canReadMemoryOf(pid_t pid, uint64_t address, const SegmentHeader& mapped) {
          std::memcmp(&read, &mapped, sizeof read) == 0;
 }
 
+// Whether the group's setup was interrupted (it was shut down meanwhile):
+// a wait on a peer, which may be stopped and answer nothing, ends then.
+bool interrupted(int wakeFd) {
+  pollfd p{wakeFd, POLLIN, 0};
+  return wakeFd >= 0 && ::poll(&p, 1, 0) > 0;
+}
+
 // Whether the peer's end of the pair's socket is closed (its process is
 // gone): end of stream, not data, which is left where it is.
 bool closedByPeer(int fd) {
@@ -108,13 +115,14 @@ PeerClosedError peerLeft(int rank, int peer, const NoteOf& noteOf) {
 // connects ends the wait at once, naming it, not at the group's deadline. A
 // peer sets its keys before it closes, so a key it set is read even then.
 std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, int peer, int fd, Deadline deadline,
-                              const NoteOf& noteOf) {
+                              const NoteOf& noteOf, int wakeFd) {
   const auto start = Clock::now();
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     try {
       return store.get(key, std::clamp(left, std::chrono::milliseconds(0), kLivenessCheck));
     } catch (const TimeoutError&) {
+      if (interrupted(wakeFd)) throw Error("interrupted");
       if (closedByPeer(fd)) {
         if (auto value = store.tryGet(key)) return *value;
         throw peerLeft(rank, peer, noteOf);
@@ -128,8 +136,9 @@ std::vector<uint8_t> awaitKey(Store& store, const std::string& key, int rank, in
   }
 }
 
-// One status byte each way over the pair's socket, with the group deadline.
-bool exchangeStatus(int rank, int peer, int fd, bool mine, Deadline deadline, const NoteOf& noteOf,
+// One status byte each way over the pair's socket, with the group deadline;
+// `wakeFd` readable interrupts the wait.
+bool exchangeStatus(int rank, int peer, int fd, bool mine, Deadline deadline, const NoteOf& noteOf, int wakeFd,
                     std::string& why) {
   const char out = mine ? 1 : 0;
   if (::send(fd, &out, 1, MSG_NOSIGNAL) != 1) {
@@ -140,9 +149,10 @@ bool exchangeStatus(int rank, int peer, int fd, bool mine, Deadline deadline, co
   for (;;) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (ms <= 0) throw TimeoutError("Timed out waiting for a peer's shared-memory status");
-    pollfd p{fd, POLLIN, 0};
-    int rc = ::poll(&p, 1, int(std::min<int64_t>(ms, 1 << 30)));
+    pollfd p[2] = {{fd, POLLIN, 0}, {wakeFd, POLLIN, 0}};
+    int rc = ::poll(p, wakeFd >= 0 ? 2 : 1, int(std::min<int64_t>(ms, 1 << 30)));
     if (rc < 0 && errno == EINTR) continue;
+    if (rc > 0 && p[1].revents) throw Error("interrupted");
     ssize_t got = rc > 0 ? ::recv(fd, &in, 1, 0) : 0;
     if (got == 1) break;
     if (rc > 0) throw peerLeft(rank, peer, noteOf);
@@ -207,7 +217,7 @@ size_t ringBytes(int localRanks) {
 
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
                         const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode,
-                        ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf) {
+                        ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf, int wakeFd) {
   const int size = int(hosts.size());
   LocalLinks result;
   result.collectives.resize(size_t(size));
@@ -258,7 +268,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     if (!present(peer)) continue;
     std::string s;
     try {
-      const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
+      const auto v = awaitKey(store, key + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf, wakeFd);
       s.assign(v.begin(), v.end());
     } catch (const PeerClosedError& e) {
       leaves(peer, e);
@@ -298,7 +308,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
     if (!present(peer)) continue;
     bool both = false;
     try {
-      both = exchangeStatus(rank, peer, fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, noteOf,
+      both = exchangeStatus(rank, peer, fds[size_t(peer)], bool(theirs[size_t(peer)]), deadline, noteOf, wakeFd,
                             why[size_t(peer)]);
     } catch (const PeerClosedError& e) {
       leaves(peer, e);
@@ -352,7 +362,7 @@ LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token,
       if (!present(peer)) continue;
       try {
         const auto said =
-            awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf);
+            awaitKey(store, key + "linked/" + std::to_string(peer), rank, peer, fds[size_t(peer)], deadline, noteOf, wakeFd);
         hear(std::string(said.begin(), said.end()));
       } catch (const PeerClosedError& e) {
         leaves(peer, e);

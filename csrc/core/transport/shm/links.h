@@ -107,9 +107,11 @@ double readCostOf(pid_t pid, uint64_t remote, const char* mapped, size_t bytes);
 // `fds`: the connected TCP socket per peer (blocking; -1 for self, and for a
 // local peer that left before it connected). `readPeers`: whether to read
 // in place (COLLX_SHM_CMA). A local peer whose socket closes during setup
-// leaves it at once, with its note (LocalLinks::departed).
+// leaves it at once, with its note (LocalLinks::departed). `wakeFd`
+// readable (the group was shut down) ends every wait with Error
+// "interrupted": a stopped peer answers nothing until the deadline.
 LocalLinks connectLocal(Store& store, const std::string& prefix, uint64_t token, int rank,
                         const std::vector<int>& hosts, const std::vector<int>& fds, Mode mode,
-                        ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf = nullptr);
+                        ReadPeers readPeers, Deadline deadline, const NoteOf& noteOf = nullptr, int wakeFd = -1);
 
 }  // namespace collx::shm
