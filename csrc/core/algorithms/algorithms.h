@@ -31,6 +31,10 @@ void directAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 // Direct's buffers over this size move in pieces of it, two in flight.
 constexpr size_t kDirectPieceBytes = 1 << 20;
 void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
+// From this size the hierarchical all-reduce is the two-level one, where the
+// layout has it (twoLevelFits: at most 64 slices for its uneven hosts).
+constexpr size_t kTwoLevelMinBytes = 256 << 10;
+void twoLevelAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn);
 // Needs Transport::sharedWindows() (every rank on this host, on shared
 // memory); writes buf by copies after reducing in the windows, like hier.
 // Up to kShmOneRoundBytes it takes one round, where each rank reads every
@@ -53,6 +57,7 @@ struct HostLayout {
   int mine = 0;  // the index of this rank's host
 };
 HostLayout hostLayout(const Transport& t);
+bool twoLevelFits(const HostLayout& layout);
 
 // What `algo` runs for an all-reduce of `bytes` on `t`: itself, or for kAuto
 // the shared-memory one up to kShmOneRoundBytes and where useSharedWindows,

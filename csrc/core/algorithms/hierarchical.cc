@@ -1,5 +1,8 @@
-// Hierarchical all-reduce: ranks grouped by host (Transport::host), each
-// host's lowest rank its leader. Hosts A = {0, 1, 2} and B = {3, 4}:
+// Hierarchical all-reduce: ranks grouped by host (Transport::host). From
+// kTwoLevelMinBytes it is the two-level all-reduce (two_level.cc), where
+// every rank of a host drives the network; below, the leader form here,
+// whose steps across hosts are the fewest: each host's lowest rank leads.
+// Hosts A = {0, 1, 2} and B = {3, 4}:
 //
 //   1. reduce to the leader     2. leaders all-reduce     3. broadcast from
 //      on each host                across hosts              the leader
@@ -51,6 +54,9 @@ HostLayout hostLayout(const Transport& t) {
 
 void hierarchicalAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
   const HostLayout layout = hostLayout(c.transport);
+  if (count * elementSize(c.dtype) >= kTwoLevelMinBytes && twoLevelFits(layout)) {
+    return twoLevelAllreduce(c, buf, count, fn);
+  }
   const std::vector<int>& local = layout.ranks[size_t(layout.mine)];
 
   SubgroupTransport localView(c.transport, local);
