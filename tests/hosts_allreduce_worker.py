@@ -1,0 +1,110 @@
+"""One rank of tests/test_hosts_allreduce.py, started by torchrun inside a
+network namespace (tests/netns.py).
+
+The default group is gloo; a collx group forces the hierarchical all-reduce
+(Options(algorithm="hier")), which from kTwoLevelMinBytes is the two-level
+one. For every dtype and reduce op, each rank all-reduces the same data
+through gloo and through collx, and checks that collx's result equals
+gloo's exactly, and is the same on every rank. The data are small integers
+(products stay small), so every dtype's reductions are exact in any order.
+AVG, which gloo lacks, is checked against the exact SUM over the world size.
+Every rank, not only one per host, must send across hosts (TCP bytes).
+Rank 0 writes "ok" or the failures to --result; every rank leaves with
+os._exit, so a peer's late teardown never holds up the job.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+R = dist.ReduceOp
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+INTS = [torch.int32, torch.int64, torch.uint8]
+OPS = {"sum": R.SUM, "product": R.PRODUCT, "min": R.MIN, "max": R.MAX, "band": R.BAND, "bor": R.BOR,
+       "bxor": R.BXOR}
+
+
+def data(rank, count, dtype, op):
+    i = torch.arange(count, dtype=torch.int64)
+    if op == "product":
+        v = (i + rank) % 2 + 1  # 1 or 2: at most 2^n
+    else:
+        v = (i * 3 + rank * 7) % 11
+    if dtype.is_floating_point and op not in ("product",):
+        v = v - 5
+    return v.to(dtype)
+
+
+def tcp_sent(group) -> int:
+    import torchcollx
+
+    return torchcollx.stats.get_stats(group)["carriers"].get("tcp", {}).get("bytes_sent", 0)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--result", required=True)
+    args = p.parse_args()
+    rank = int(os.environ["RANK"])
+    failures = []
+    code = 0
+    try:
+        import torchcollx
+
+        timeout = datetime.timedelta(seconds=60)
+        dist.init_process_group("gloo", timeout=timeout)
+        n = dist.get_world_size()
+        collx = dist.new_group(backend="collx", timeout=timeout, pg_options=torchcollx.Options(algorithm="hier"))
+        for dtype in FLOATS + INTS:
+            ops = ["sum", "product", "min", "max"] + ([] if dtype.is_floating_point else ["band", "bor", "bxor"])
+            for op in ops:
+                want = data(rank, args.count, dtype, op)
+                dist.all_reduce(want, OPS[op])
+                got = data(rank, args.count, dtype, op)
+                dist.all_reduce(got, OPS[op], group=collx)
+                if not torch.equal(got, want):
+                    bad = (got != want).nonzero()[:3].flatten().tolist()
+                    failures.append(f"rank {rank} {dtype} {op}: differs from gloo at {bad}")
+            if dtype.is_floating_point:
+                got = data(rank, args.count, dtype, "sum")
+                dist.all_reduce(got, R.AVG, group=collx)
+                total = data(rank, args.count, torch.float64, "sum")
+                dist.all_reduce(total)
+                if not torch.allclose(got.double(), total / n, rtol=1e-2, atol=1e-2):
+                    failures.append(f"rank {rank} {dtype} avg: not the sum over {n}")
+            # Bit-identical on every rank: rank 0's result against each rank's.
+            mine = data(rank, args.count, dtype, "sum")
+            dist.all_reduce(mine, group=collx)
+            first = mine.clone()
+            dist.broadcast(first, 0)
+            if not torch.equal(mine, first):
+                failures.append(f"rank {rank} {dtype}: result differs from rank 0's")
+        # Every rank, not one leader per host, sends its slice across hosts.
+        before = tcp_sent(collx)
+        dist.all_reduce(torch.ones(args.count), group=collx)
+        crossed = tcp_sent(collx) - before
+        if crossed < args.count * 4 // n:
+            failures.append(f"rank {rank}: sent {crossed} B over TCP in a {args.count * 4} B all-reduce")
+        outcomes = [None] * n
+        dist.all_gather_object(outcomes, failures)
+        failures = [f for each in outcomes for f in each]
+    except Exception:  # noqa: BLE001 - reported through the file
+        failures.append(f"rank {rank} raised:\n{traceback.format_exc()}")
+        code = 1
+    if rank == 0 or code:
+        path = args.result if rank == 0 else f"{args.result}.rank{rank}"
+        with open(path, "w") as f:
+            f.write("\n".join(failures) if failures else "ok")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
