@@ -3,10 +3,14 @@ functional collectives (torch.distributed._functional_collectives) and DTensor
 with parallelize_module on a CPU DeviceMesh, as LLM serving on CPUs runs them.
 
 Every result is checked against the same calls on a gloo group of the same
-ranks (the same bits: at these world sizes every reduction has one order) and
-against values computed locally: each rank's data for the collectives, and one
-process running the unsharded block for the decoder (within bf16 rounding, since
-the sharded matmuls sum in another order).
+ranks and against values computed locally: each rank's data for the
+collectives, and one process running the unsharded block for the decoder
+(within bf16 rounding, since the sharded matmuls sum in another order).
+The collectives' data are small integers, so they match gloo's bits. The
+decoder's bf16 sums match gloo's bits on 2 ranks (a + b has one order); on
+4, every algorithm (gloo's too) rounds its partial sums in an order of its
+own, so there they match within bf16 rounding, and exactly across ranks:
+a replicated output must be the same tensor on every rank.
 """
 from __future__ import annotations
 
@@ -153,8 +157,13 @@ def _decoder_checks(rank, ws):
     fails = []
     for mode in ("eager", "compiled"):
         got = out["collx", mode]
-        if not torch.equal(got, out["gloo", mode]):
-            fails.append(f"{mode}: differs from gloo by {(got.float() - out['gloo', mode].float()).abs().max()}")
+        off = (got.float() - out["gloo", mode].float()).abs().max().item()
+        if off > (0 if ws == 2 else 0.1):
+            fails.append(f"{mode}: differs from gloo by {off}")
+        first = got.clone()
+        dist.broadcast(first, 0, group=gloo())
+        if not torch.equal(got, first):
+            fails.append(f"{mode}: differs from rank 0's result")
         err = (got.float() - alone.float()).abs().max().item()
         if err > 0.1:  # bf16 with sums in another order: ~2 units in the last place of values ~4
             fails.append(f"{mode}: {err} from the one-process result")
