@@ -101,7 +101,10 @@ void testAutoChoice() {
   CHECK(chooseAllreduce(Tuning::table(), 4, 2, 2, 16 << 20) == Algorithm::kHierarchical, "2 hosts x 2 ranks");
   CHECK(chooseAllreduce(Tuning::table(), 4, 2, 2, 4) == Algorithm::kHierarchical, "small buffers too");
   CHECK(chooseAllreduce(Tuning::table(), 4, 1, 2, 16 << 20) == chooseAllreduce(Tuning::table(), 4, 2, 16 << 20), "one host: flat choice");
-  CHECK(chooseAllreduce(Tuning::table(), 4, 4, 2, 16 << 20) == chooseAllreduce(Tuning::table(), 4, 2, 16 << 20), "one rank per host: flat");
+  CHECK(chooseAllreduce(Tuning::table(), 4, 4, 2, 4096) == chooseAllreduce(Tuning::table(), 4, 2, 4096),
+        "one rank per host, small: flat");
+  CHECK(chooseAllreduce(Tuning::table(), 4, 4, 2, kTwoLevelMinBytes) == Algorithm::kHierarchical,
+        "one rank per host, large: a ring over the hosts");
 }
 
 // The view renumbers ranks: view {5, 1, 3} of 6 runs ring and broadcast as a
@@ -176,9 +179,12 @@ int main() {
     for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(100003), size_t(262147)}) {
       testLayout(g, seq, hosts, Algorithm::kHierarchical, Algorithm::kHierarchical, count, 512 << 10);
       testLayout(g, seq, hosts, Algorithm::kHierarchical, Algorithm::kHierarchical, count, 4096);
-      // auto: hierarchical exactly when hosts are several and one has several ranks.
+      // auto: hierarchical when hosts are several and one has several ranks,
+      // or the buffer takes the two-level form.
       const size_t bytes = count * sizeof(float);
-      Algorithm wantAuto = distinct > 1 && distinct < n ? Algorithm::kHierarchical : chooseAllreduce(Tuning::table(), n, 2, bytes);
+      Algorithm wantAuto = distinct > 1 && (distinct < n || bytes >= kTwoLevelMinBytes)
+                               ? Algorithm::kHierarchical
+                               : chooseAllreduce(Tuning::table(), n, 2, bytes);
       testLayout(g, seq, hosts, Algorithm::kAuto, wantAuto, count, 4096);
     }
     std::printf("hierarchical: hosts %s ok\n", show(hosts).c_str());

@@ -207,7 +207,7 @@ Algorithm chooseAllreduce(const Tuning& t, int n, int arity, size_t bytes) {
 }
 
 Algorithm chooseAllreduce(const Tuning& t, int n, int hosts, int arity, size_t bytes) {
-  if (hosts > 1 && hosts < n) return Algorithm::kHierarchical;
+  if (hosts > 1 && (hosts < n || bytes >= kTwoLevelMinBytes)) return Algorithm::kHierarchical;
   return chooseAllreduce(t, n, arity, bytes);
 }
 

@@ -54,8 +54,9 @@ double predictAllreduceUs(const Tuning& t, Algorithm algo, int n, int arity, siz
 Algorithm chooseAllreduce(const Tuning& t, int n, int arity, size_t bytes);
 
 // What auto runs for n ranks on `hosts` machines: the hierarchical all-reduce
-// when the group spans hosts and some host runs several ranks (only its
-// leaders' step crosses the network), else the flat choice.
+// when the group spans hosts and some host runs several ranks, or the buffer
+// is large enough for its two-level form (with one rank per host, a ring
+// over the hosts: the least each NIC can carry); else the flat choice.
 Algorithm chooseAllreduce(const Tuning& t, int n, int hosts, int arity, size_t bytes);
 
 // For one-way tree collectives (broadcast, reduce): the arity predicted

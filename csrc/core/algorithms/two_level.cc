@@ -39,8 +39,10 @@ namespace collx {
 namespace {
 
 constexpr size_t kMaxSlices = 64;             // beyond this lcm, the leader form
-constexpr size_t kChunkBytes = 256 << 10;     // at least this much per pipelined chunk
-constexpr size_t kMaxChunks = 8;
+// A chunk's passes cost a few wake-ups per step: below about 2 MiB a chunk
+// loses more to them than the overlap wins (docs/measurements.md).
+constexpr size_t kChunkBytes = 2 << 20;
+constexpr size_t kMaxChunks = 16;
 
 struct Slices {
   size_t count = 1;                    // S: slices per chunk
