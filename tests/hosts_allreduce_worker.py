@@ -10,14 +10,17 @@ gloo's exactly, and is the same on every rank. The data are small integers
 AVG, which gloo lacks, is checked against the exact SUM over the world size.
 Every rank, not only one per host, must send across hosts (TCP bytes).
 Rank 0 writes "ok" or the failures to --result; every rank leaves with
-os._exit, so a peer's late teardown never holds up the job.
+os._exit, so a peer's late teardown never holds up the job. With --loop, a
+collx default group all-reduces until an op fails (loop_until_error).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -47,12 +50,41 @@ def tcp_sent(group) -> int:
     return torchcollx.stats.get_stats(group)["carriers"].get("tcp", {}).get("bytes_sent", 0)
 
 
+def loop_until_error(rank, count, results, timeout):
+    """--loop: a collx default group all-reduces `count` floats until an op
+    fails (the test cuts a link or kills a host); records how, and when on
+    CLOCK_MONOTONIC (one clock for every namespace), in RESULTS/rank{r}.json."""
+    out = {"type": None}
+    try:
+        dist.init_process_group("collx", timeout=datetime.timedelta(seconds=timeout))
+        t = torch.ones(count)
+        dist.all_reduce(t)
+        out["first_ok"] = torch.equal(t, torch.full((count,), float(dist.get_world_size())))
+        with open(os.path.join(results, f"loop{rank}"), "w") as f:
+            f.write(os.environ["NETNS_HOST"])
+        start = time.monotonic()
+        while time.monotonic() - start < 4 * timeout:
+            dist.all_reduce(t)
+        out["message"] = f"no error in {4 * timeout} s"
+    except Exception as e:  # noqa: BLE001 - recorded and judged by the test
+        out = dict(out, type=type(e).__name__, dist_backend_error=isinstance(e, dist.DistBackendError),
+                   message=str(e)[:2000], time=time.monotonic())
+    with open(os.path.join(results, f"rank{rank}.json.tmp"), "w") as f:
+        json.dump(out, f)
+    os.rename(os.path.join(results, f"rank{rank}.json.tmp"), os.path.join(results, f"rank{rank}.json"))
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--count", type=int, required=True)
-    p.add_argument("--result", required=True)
+    p.add_argument("--result", required=True, help="a file (checks), or a folder with --loop")
+    p.add_argument("--loop", type=float, default=None, help="all-reduce until an op fails; the group timeout, s")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
+    if args.loop is not None:
+        loop_until_error(rank, args.count, args.result, args.loop)
     failures = []
     code = 0
     try:

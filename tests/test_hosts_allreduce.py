@@ -8,11 +8,18 @@ bytes from every rank (not one leader per host). Layouts: even (2 + 2),
 uneven (3 + 2: six slices), and three hosts of 2 + 1 + 2. The
 element count is odd, so no slice, part or segment is even.
 
+Failure on 3 hosts (2 + 1 + 2), while every rank all-reduces 4 MiB (the
+two-level form) in a loop: host 2's link cut, or host 2's processes killed.
+Every surviving rank fails with a DistBackendError, for a cut within the
+group timeout plus a margin, for a killed host before any timeout could
+fire.
+
 Every launch has a hard timeout; the namespaces go whatever happens. Skips
 when namespaces cannot be made (not root, no iproute2, EPERM).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -51,6 +58,59 @@ def test_two_level_allreduce_matches_gloo(ranks):
             with open(result) as f:
                 text = f.read()
             assert text == "ok", f"{text}\n{hosts.logs(tmp)}"
+    except NamespacesUnavailable as e:
+        pytest.skip(f"cannot create network namespaces: {e}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+GROUP_TIMEOUT = 20  # seconds: how long a rank waits on a silent peer
+LAUNCH_LIMIT = 240  # from launch until every rank loops
+
+
+def _wait_files(tmp, names, deadline, procs):
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if all(os.path.exists(os.path.join(tmp, n)) for n in names):
+            return
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("fault", ["cut", "kill"])
+def test_three_hosts_fail_every_survivor_promptly(fault):
+    ranks = [2, 1, 2]
+    n = sum(ranks)
+    tmp = tempfile.mkdtemp(prefix="collx_hosts_fault_")
+    try:
+        with Hosts(3) as hosts:
+            root = os.path.dirname(os.path.dirname(os.path.abspath(torchcollx.__file__)))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+                       OMP_NUM_THREADS="1")
+            env.pop("COLLX_ALGORITHM", None)
+            procs = hosts.torchrun(WORKER, ["--count", str(1 << 20), "--result", tmp, "--loop", str(GROUP_TIMEOUT)],
+                                   env, port=29673, nproc=ranks, log_dir=tmp)
+            _wait_files(tmp, [f"loop{r}" for r in range(n)], time.monotonic() + LAUNCH_LIMIT, procs)
+            looping = [r for r in range(n) if os.path.exists(os.path.join(tmp, f"loop{r}"))]
+            assert len(looping) == n, f"only ranks {looping} reached the loop\n{hosts.logs(tmp)}"
+            host_of = {r: int(open(os.path.join(tmp, f"loop{r}")).read()) for r in range(n)}
+            time.sleep(1.0)  # some all-reduces into the loop
+            if fault == "cut":
+                hosts.link_down(2)
+            else:
+                hosts.kill_all(hosts.ns[2])
+            fault_at = time.monotonic()
+            watched = [r for r in range(n) if fault == "cut" or host_of[r] != 2]
+            limit = GROUP_TIMEOUT + 25 if fault == "cut" else GROUP_TIMEOUT
+            _wait_files(tmp, [f"rank{r}.json" for r in watched], fault_at + limit + 10, procs)
+            for r in watched:
+                path = os.path.join(tmp, f"rank{r}.json")
+                assert os.path.exists(path), f"rank {r} (host {host_of[r]}) reported nothing\n{hosts.logs(tmp)}"
+                with open(path) as f:
+                    got = json.load(f)
+                assert got["first_ok"], f"rank {r}: the first all-reduce's values are wrong"
+                assert got.get("dist_backend_error"), f"rank {r}: {got}"
+                late = got["time"] - fault_at
+                print(f"{fault}: rank {r} (host {host_of[r]}) failed {late:.2f} s after: {got['message'][:200]}")
+                assert late < limit, f"rank {r} failed {late:.1f} s after the {fault}: {got['message']}"
     except NamespacesUnavailable as e:
         pytest.skip(f"cannot create network namespaces: {e}")
     finally:

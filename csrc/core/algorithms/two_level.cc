@@ -38,7 +38,7 @@ namespace collx {
 
 namespace {
 
-constexpr size_t kMaxSlices = 64;             // beyond this lcm, the leader form
+constexpr size_t kMaxSlices = 64;  // beyond this lcm, the leader form
 // A chunk's passes cost a few wake-ups per step: below about 2 MiB a chunk
 // loses more to them than the overlap wins (docs/measurements.md).
 constexpr size_t kChunkBytes = 2 << 20;
@@ -91,7 +91,8 @@ void twoLevelAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn
   };
   std::vector<Run> runs;
   for (int s : slices.mine) {
-    if (!runs.empty() && runs.back().last + 1 == size_t(s) && slices.owners[size_t(s)] == slices.owners[runs.back().last]) {
+    if (!runs.empty() && runs.back().last + 1 == size_t(s) &&
+        slices.owners[size_t(s)] == slices.owners[runs.back().last]) {
       runs.back().last = size_t(s);
       continue;
     }
@@ -157,7 +158,7 @@ void twoLevelAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn
       moved = false;
       if (localPass && localPass->done()) {
         const auto [k, gather] = localSteps[nextLocal - 1];
-        (gather ? allReduced : reduced)[k] = true;
+        if (!gather) reduced[k] = true;
         localPass.reset();
         moved = true;
       }
