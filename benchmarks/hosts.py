@@ -96,18 +96,6 @@ def wait_all(procs, deadline) -> bool:
     return False
 
 
-def log_tails(tmp, h, nbytes=3000) -> str:
-    out = []
-    for host in range(h):
-        try:
-            with open(os.path.join(tmp, f"host{host}.log"), "rb") as f:
-                tail = f.read()[-nbytes:].decode("utf-8", "replace")
-            out.append(f"--- host {host} (last {nbytes} bytes) ---\n{tail}")
-        except OSError:
-            pass
-    return "\n".join(out)
-
-
 def rank_errors(tmp) -> str:
     """The exceptions the other ranks wrote (result.json.rank<r>)."""
     out = []
@@ -145,7 +133,7 @@ def run_job(job: dict, args) -> dict:
             if not os.path.exists(out) or res["error"]:
                 why = "timed out" if not finished else f"torchrun exits {[p.returncode for p in procs]}"
                 res["error"] = f"{why}; {res.get('error') or rank_errors(tmp) or 'rank 0 wrote nothing'}\n" \
-                               f"{log_tails(tmp, h)}"
+                               f"{hosts.logs(tmp)}"
     except NamespacesUnavailable as e:
         res = {"error": f"cannot create network namespaces: {e}"}
     finally:

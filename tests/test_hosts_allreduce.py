@@ -37,15 +37,21 @@ COUNT = 262147      # odd; 1 MiB of float32, 256 KiB of uint8 (kTwoLevelMinBytes
 JOB_LIMIT = 240     # seconds from launch until every torchrun has exited
 
 
+def _env():
+    """The ranks' environment: this tree's torchcollx, one thread, auto unforced."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(torchcollx.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1")
+    env.pop("COLLX_ALGORITHM", None)
+    return env
+
+
 @pytest.mark.parametrize("ranks", [[2, 2], [3, 2], [2, 1, 2]], ids=["2+2", "3+2", "2+1+2"])
 def test_two_level_allreduce_matches_gloo(ranks):
     tmp = tempfile.mkdtemp(prefix="collx_hosts_allreduce_")
     try:
         with Hosts(len(ranks)) as hosts:
-            root = os.path.dirname(os.path.dirname(os.path.abspath(torchcollx.__file__)))
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-                       OMP_NUM_THREADS="1")
-            env.pop("COLLX_ALGORITHM", None)
+            env = _env()
             result = os.path.join(tmp, "result")
             procs = hosts.torchrun(WORKER, ["--count", str(COUNT), "--result", result], env, port=29671,
                                    nproc=ranks, log_dir=tmp)
@@ -82,10 +88,7 @@ def test_three_hosts_fail_every_survivor_promptly(fault):
     tmp = tempfile.mkdtemp(prefix="collx_hosts_fault_")
     try:
         with Hosts(3) as hosts:
-            root = os.path.dirname(os.path.dirname(os.path.abspath(torchcollx.__file__)))
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-                       OMP_NUM_THREADS="1")
-            env.pop("COLLX_ALGORITHM", None)
+            env = _env()
             procs = hosts.torchrun(WORKER, ["--count", str(1 << 20), "--result", tmp, "--loop", str(GROUP_TIMEOUT)],
                                    env, port=29673, nproc=ranks, log_dir=tmp)
             _wait_files(tmp, [f"loop{r}" for r in range(n)], time.monotonic() + LAUNCH_LIMIT, procs)

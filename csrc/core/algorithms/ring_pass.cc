@@ -29,7 +29,7 @@ RingPass::RingPass(const Collective& c, char* buf, std::vector<size_t> bounds, i
 
 size_t RingPass::scratchBytes() const { return reduceSteps_ > 0 && units_ > 0 ? kWindow * segBytes_ : 0; }
 
-long RingPass::partOf(size_t u, long extra) const { return long(mod(c_.rank() + shift_ - long(u / m_) - extra, n_)); }
+size_t RingPass::partOf(size_t u, long extra) const { return mod(c_.rank() + shift_ - long(u / m_) - extra, n_); }
 
 size_t RingPass::span(size_t part, size_t seg, char** ptr) const {
   const size_t pb = bounds_[part], pe = bounds_[part + 1];
@@ -40,7 +40,7 @@ size_t RingPass::span(size_t part, size_t seg, char** ptr) const {
 
 void RingPass::sendUnit(size_t u) {
   char* p;
-  const size_t bytes = span(size_t(partOf(u, 0)), u % m_, &p);
+  const size_t bytes = span(partOf(u, 0), u % m_, &p);
   c_.transport.postSend(right_, c_.frame(tagBase_ + uint32_t(u)), p, bytes, id_ << 48 | (2 * u + 1));
 }
 
@@ -48,7 +48,7 @@ void RingPass::postRecvs() {
   for (; nextRecv_ < units_ && nextRecv_ < recvsDone_ + kWindow; ++nextRecv_) {
     const size_t u = nextRecv_;
     char* p;
-    const size_t bytes = span(size_t(partOf(u, 1)), u % m_, &p);
+    const size_t bytes = span(partOf(u, 1), u % m_, &p);
     if (long(u / m_) < reduceSteps_) p = scratch_ + (u % kWindow) * segBytes_;
     c_.transport.postRecv(left_, c_.frame(tagBase_ + uint32_t(u)), p, bytes, id_ << 48 | (2 * u));
   }
@@ -67,7 +67,7 @@ void RingPass::complete(uint64_t cookie) {
   const size_t u = cookie / 2;
   if (long(u / m_) < reduceSteps_) {
     char* dst;
-    const size_t bytes = span(size_t(partOf(u, 1)), u % m_, &dst);
+    const size_t bytes = span(partOf(u, 1), u % m_, &dst);
     fn_(dst, scratch_ + (u % kWindow) * segBytes_, bytes / es_);
   }
   if (u + m_ < units_) sendUnit(u + m_);

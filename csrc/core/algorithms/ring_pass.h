@@ -44,7 +44,7 @@ class RingPass {
   size_t span(size_t part, size_t seg, char** ptr) const;
   void sendUnit(size_t u);
   void postRecvs();
-  long partOf(size_t u, long extra) const;
+  size_t partOf(size_t u, long extra) const;  // the part unit u sends (extra 0) or receives (1)
 
   const Collective& c_;
   char* buf_;

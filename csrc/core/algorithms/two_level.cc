@@ -50,9 +50,16 @@ struct Slices {
   std::vector<std::vector<int>> owners;  // owners[s]: the parent rank owning s, per host
 };
 
+// S = lcm of the hosts' rank counts.
+size_t sliceCount(const HostLayout& layout) {
+  size_t s = 1;
+  for (const auto& host : layout.ranks) s = std::lcm(s, host.size());
+  return s;
+}
+
 Slices slicesOf(const HostLayout& layout, int rank) {
   Slices s;
-  for (const auto& host : layout.ranks) s.count = std::lcm(s.count, host.size());
+  s.count = sliceCount(layout);
   s.owners.resize(s.count);
   for (size_t slice = 0; slice < s.count; ++slice) {
     for (const auto& host : layout.ranks) {
@@ -66,11 +73,7 @@ Slices slicesOf(const HostLayout& layout, int rank) {
 
 }  // namespace
 
-bool twoLevelFits(const HostLayout& layout) {
-  size_t s = 1;
-  for (const auto& host : layout.ranks) s = std::lcm(s, host.size());
-  return s <= kMaxSlices;
-}
+bool twoLevelFits(const HostLayout& layout) { return sliceCount(layout) <= kMaxSlices; }
 
 void twoLevelAllreduce(const Collective& c, void* buf, size_t count, ReduceFn fn) {
   const HostLayout layout = hostLayout(c.transport);
