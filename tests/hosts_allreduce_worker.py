@@ -9,6 +9,10 @@ gloo's exactly, and is the same on every rank. The data are small integers
 (products stay small), so every dtype's reductions are exact in any order.
 AVG, which gloo lacks, is checked against the exact SUM over the world size.
 Every rank, not only one per host, must send across hosts (TCP bytes).
+all_gather and reduce_scatter (tensor and list forms, every dtype and op)
+run their two-level forms on any collx group that spans hosts with several
+ranks on one; they are checked against gloo's all_gather and against the
+block of gloo's all-reduce, and their stats must name the hierarchical path.
 Rank 0 writes "ok" or the failures to --result; every rank leaves with
 os._exit, so a peer's late teardown never holds up the job. With --loop, a
 collx default group all-reduces until an op fails (loop_until_error).
@@ -48,6 +52,38 @@ def tcp_sent(group) -> int:
     import torchcollx
 
     return torchcollx.stats.get_stats(group)["carriers"].get("tcp", {}).get("bytes_sent", 0)
+
+
+def check_moves(rank, n, block, collx, failures):
+    """all_gather and reduce_scatter on `collx` against gloo's results."""
+    import torchcollx
+
+    for dtype in FLOATS + INTS:
+        mine = data(rank, block, dtype, "sum")
+        want = [torch.empty_like(mine) for _ in range(n)]
+        dist.all_gather(want, mine)
+        got = torch.empty(n * block, dtype=dtype)
+        dist.all_gather_into_tensor(got, mine, group=collx)
+        listed = [torch.empty_like(mine) for _ in range(n)]
+        dist.all_gather(listed, mine, group=collx)
+        if not torch.equal(got, torch.cat(want)) or not all(map(torch.equal, listed, want)):
+            failures.append(f"rank {rank} {dtype} all_gather: differs from gloo")
+        ops = ["sum", "product", "min", "max"] + ([] if dtype.is_floating_point else ["band", "bor", "bxor"])
+        for op in ops:
+            full = data(rank, n * block, dtype, op)
+            want = full.clone()
+            dist.all_reduce(want, OPS[op])
+            want = want[rank * block:(rank + 1) * block]
+            got = torch.empty(block, dtype=dtype)
+            dist.reduce_scatter_tensor(got, full, OPS[op], group=collx)
+            listed = torch.empty(block, dtype=dtype)
+            dist.reduce_scatter(listed, list(full.chunk(n)), OPS[op], group=collx)
+            if not torch.equal(got, want) or not torch.equal(listed, want):
+                failures.append(f"rank {rank} {dtype} reduce_scatter {op}: differs from gloo's all-reduce")
+    labels = torchcollx.stats.get_stats(collx)["algorithms"]
+    for label in ("all_gather/hier", "reduce_scatter/hier"):
+        if label not in labels:
+            failures.append(f"rank {rank}: no {label} in {sorted(labels)}")
 
 
 def loop_until_error(rank, count, results, timeout):
@@ -118,6 +154,7 @@ def main():
             dist.broadcast(first, 0)
             if not torch.equal(mine, first):
                 failures.append(f"rank {rank} {dtype}: result differs from rank 0's")
+        check_moves(rank, n, (3 * args.count // n) | 1, collx, failures)
         # Every rank, not one leader per host, sends its slice across hosts.
         before = tcp_sent(collx)
         dist.all_reduce(torch.ones(args.count), group=collx)

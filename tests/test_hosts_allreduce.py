@@ -6,7 +6,8 @@ One torchrun per host runs tests/hosts_allreduce_worker.py: every dtype and
 reduce op against gloo, exactly, the same result on every rank, and TCP
 bytes from every rank (not one leader per host). Layouts: even (2 + 2),
 uneven (3 + 2: six slices), and three hosts of 2 + 1 + 2. The
-element count is odd, so no slice, part or segment is even.
+element count is odd, so no slice, part or segment is even. The same jobs
+check the two-level all_gather and reduce_scatter against gloo.
 
 Failure on 3 hosts (2 + 1 + 2), while every rank all-reduces 4 MiB (the
 two-level form) in a loop: host 2's link cut, or host 2's processes killed.

@@ -23,6 +23,7 @@ std::string allgatherInto(const Collective& c, const at::Tensor& input, const st
   const size_t bytes = input.nbytes();
   collx::allgather(c, input.data_ptr(), blocks, size_t(input.numel()));
   if (movesInShm(c.transport)) return "all_gather/shm";
+  if (twoLevelMoves(c.transport)) return "all_gather/hier";
   return allgatherDirect(c.size(), bytes) ? "all_gather/direct" : "all_gather/ring";
 }
 

@@ -163,16 +163,18 @@ c10::intrusive_ptr<c10d::Work> CollxBackend::reduce(std::vector<at::Tensor>& ten
 }
 
 // Reduce-scatter of `blocks` (n contiguous blocks of `count` elements) into
-// the contiguous `out`, on raw memory (op_helpers.h). In shared memory it
-// reads the blocks where they lie; the ring, and PREMUL_SUM, which scales
-// its input first, need a private copy of them, reduced in place.
+// the contiguous `out`, on raw memory (op_helpers.h). In shared memory and
+// in two levels it reads the blocks where they lie; the ring, and
+// PREMUL_SUM, which scales its input first, need a private copy of them,
+// reduced in place.
 static std::string reduceScatterInto(Workspace& copies, const Collective& c, const ResolvedOp& r, DataType dtype,
                                      const std::vector<const void*>& blocks, void* out, size_t count) {
   const size_t blockBytes = count * elementSize(dtype);
-  if (!r.premul && movesInShm(c.transport)) {
-    shmReduceScatter(c, blocks, out, count, r.fn);
+  if (!r.premul && (movesInShm(c.transport) || twoLevelMoves(c.transport))) {
+    const bool shm = movesInShm(c.transport);
+    shm ? shmReduceScatter(c, blocks, out, count, r.fn) : twoLevelReduceScatter(c, blocks, out, count, r.fn);
     if (r.average) divideInPlace(dtype, out, count, c.size());
-    return "reduce_scatter/shm";
+    return shm ? "reduce_scatter/shm" : "reduce_scatter/hier";
   }
   if (c.size() == 1) {  // the one block is the result: one copy, no private one
     moveBytes(out, blocks[0], blockBytes);
@@ -183,7 +185,8 @@ static std::string reduceScatterInto(Workspace& copies, const Collective& c, con
   for (size_t q = 0; q < blocks.size(); ++q) copyBytes(work + q * blockBytes, blocks[q], blockBytes);
   withScaling(r, dtype, work, count * size_t(c.size()), c.size(), [&] { reduceScatter(c, work, count, r.fn); });
   copyBytes(out, work + size_t(c.rank()) * blockBytes, blockBytes);
-  return movesInShm(c.transport) ? "reduce_scatter/shm" : "reduce_scatter/ring";
+  if (movesInShm(c.transport)) return "reduce_scatter/shm";
+  return twoLevelMoves(c.transport) ? "reduce_scatter/hier" : "reduce_scatter/ring";
 }
 
 c10::intrusive_ptr<c10d::Work> CollxBackend::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -10,6 +10,7 @@
 #include "../../csrc/core/transport/subgroup.h"
 #include "../../csrc/core/transport/device.h"
 #include "check.h"
+#include "forced_hosts.h"
 #include "group.h"
 #include "memory_store.h"
 
@@ -19,21 +20,7 @@ namespace {
 
 using test::Group;
 
-// Every rank of the parent, with host(r) = hosts[r] instead of the parent's.
-class ForcedHosts : public SubgroupTransport {
- public:
-  ForcedHosts(Transport& parent, std::vector<int> hosts)
-      : SubgroupTransport(parent, identity(parent.size())), hosts_(std::move(hosts)) {}
-  int host(int rank) const override { return hosts_.at(size_t(rank)); }
-
- private:
-  static std::vector<int> identity(int n) {
-    std::vector<int> v(size_t(n), 0);
-    for (int i = 0; i < n; ++i) v[size_t(i)] = i;
-    return v;
-  }
-  std::vector<int> hosts_;
-};
+using test::ForcedHosts;
 
 Collective make(Transport& t, DataType dtype, uint64_t seq, size_t seg) {
   thread_local Workspace workspace;

@@ -78,8 +78,9 @@ void reduce(const Collective& c, void* buf, size_t count, int root, ReduceFn fn)
 
 // All-gather of `blockCount` elements per rank into `blocks`, wherever they
 // lie: rank r's block, read from its `in` (which may be its blocks[r]),
-// ends in blocks[r] on every rank. In shared memory where movesInShm, else
-// direct exchange for small blocks, ring for large ones. Shared memory
+// ends in blocks[r] on every rank. In shared memory where movesInShm, in two
+// levels where twoLevelMoves, else direct exchange for small blocks, ring
+// for large ones. Shared memory
 // and the direct exchange write the blocks where they lie; the ring runs on
 // blocks laid end to end, and copies through the workspace where they are
 // not.
@@ -110,6 +111,17 @@ bool movesInShm(const Transport& t);
 constexpr size_t kReadInPlaceMinBlockBytes = 8 << 10;
 constexpr size_t kReadInPlaceMinOpBytes = 64 << 10;
 
+// Whether all_gather and reduce_scatter take their two-level forms
+// (two_level_moves.cc): where the group spans hosts and a host has several
+// ranks. Each block then crosses each host's link once.
+bool twoLevelMoves(const Transport& t);
+void twoLevelAllgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount);
+// Reads the n input blocks where they lie, never writing them, and writes
+// this rank's result to `out` (which may be blocks[rank]), as
+// shmReduceScatter does.
+void twoLevelReduceScatter(const Collective& c, const std::vector<const void*>& blocks, void* out, size_t blockCount,
+                           ReduceFn fn);
+
 // The n blocks of `blockBytes` laid end to end from `base`.
 template <typename Pointer>  // void* or const void*
 std::vector<Pointer> blocksAt(Pointer base, int n, size_t blockBytes) {
@@ -121,7 +133,8 @@ std::vector<Pointer> blocksAt(Pointer base, int n, size_t blockBytes) {
 
 // Reduce-scatter: `buf` holds n blocks of `blockCount` elements; on return
 // block r of rank r holds the reduction of everyone's block r (the other
-// blocks are scratch). In shared memory where movesInShm, else a ring.
+// blocks are scratch). In shared memory where movesInShm, in two levels
+// where twoLevelMoves, else a ring.
 void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn fn);
 
 // The shared-memory forms (shm_collectives.cc), which need

@@ -41,6 +41,7 @@ void allgather(const Collective& c, const void* in, const std::vector<void*>& bl
   COLLX_CHECK(int(blocks.size()) == n, "collx rank ", rank, ": all_gather needs ", n, " blocks, got ", blocks.size());
   const size_t blockBytes = blockCount * elementSize(c.dtype);
   if (movesInShm(c.transport)) return shmAllgather(c, in, blocks, blockCount);
+  if (twoLevelMoves(c.transport)) return twoLevelAllgather(c, in, blocks, blockCount);
   if (!allgatherDirect(n, blockBytes)) {
     char* const flat = static_cast<char*>(blocks[0]);
     bool endToEnd = true;

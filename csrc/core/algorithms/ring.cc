@@ -70,6 +70,10 @@ void reduceScatter(const Collective& c, void* buf, size_t blockCount, ReduceFn f
     return shmReduceScatter(c, blocksAt<const void*>(buf, c.size(), blockBytes),
                             static_cast<char*>(buf) + size_t(c.rank()) * blockBytes, blockCount, fn);
   }
+  if (twoLevelMoves(c.transport)) {
+    return twoLevelReduceScatter(c, blocksAt<const void*>(buf, c.size(), blockBytes),
+                                 static_cast<char*>(buf) + size_t(c.rank()) * blockBytes, blockCount, fn);
+  }
   // shift -1: after n-1 steps rank r holds the full sum of chunk r.
   ringPass(c, static_cast<char*>(buf), blockCount * size_t(c.size()), -1, c.size() - 1, c.size() - 1, fn);
 }

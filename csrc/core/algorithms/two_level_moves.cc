@@ -1,0 +1,290 @@
+// Two-level all-gather and reduce-scatter: each block crosses each host's
+// link once, moved by a rank of its own, and spreads inside a host on the
+// host's own links (shared memory). Hosts A = {a0, a1}, B = {b0, b1}:
+//
+//   all-gather                          reduce-scatter (the mirror)
+//   1. a0 ═► b0, a1 ═► b1, b0 ═► a0 ... 1. on each host, every rank sends its
+//      each rank sends its block to        contribution to block g to the
+//      its counterpart on every            rank that handles g there, which
+//      other host                          sums them
+//   2. on each host, every rank         2. the handler sends the host's sum
+//      forwards what it holds (its         to g's owner, which adds the
+//      own block and those it got)         other hosts' sums to its own
+//      to the host's other ranks
+//
+// The handler of block g on host H is H's local rank (g's local index mod
+// H's rank count): g itself on g's host, and with uneven hosts (3 + 2) a
+// rank of the smaller host handles more blocks. Each host's link carries
+// (h-1)/h of the gathered bytes each way, the bound, in p streams at once.
+//
+// Pipeline: blocks move in segments, and a rank takes its units, one per
+// (segment, handled block), in segment-major order, so every host's blocks
+// move at once. A unit goes on as soon as it is complete: forwarded when it
+// arrives (all-gather), folded when every contribution arrived, in a fixed
+// order, so results do not depend on timing (reduce-scatter). Each link's
+// messages are posted in one order on both sides, which keeps FIFO matching.
+#include <algorithm>
+
+#include "../copy.h"
+#include "../error.h"
+#include "algorithms.h"
+
+namespace collx {
+
+namespace {
+
+// Segments of at least this size, at most kMaxSegments per block: enough to
+// overlap the two steps, few enough that a segment's wake-ups stay cheap.
+constexpr size_t kSegmentBytes = 256 << 10;
+constexpr size_t kMaxSegments = 64;
+constexpr uint32_t kLocalTag = 1u << 30;  // frames of the host step; others cross hosts
+// What a completed op was, above bit 48 of its cookie; its unit below.
+enum : uint64_t { kSent = 0, kFromHost = 1, kFromNet = 2 };
+
+struct Routes {
+  HostLayout layout;
+  std::vector<int> hostOf, localOf;  // per rank
+  std::vector<int> local;            // this rank's host, ascending, itself included
+  std::vector<int> handled;          // the blocks this rank handles, ascending
+
+  explicit Routes(const Transport& t) : layout(hostLayout(t)) {
+    hostOf.resize(size_t(t.size()));
+    localOf.resize(size_t(t.size()));
+    for (size_t h = 0; h < layout.ranks.size(); ++h) {
+      for (size_t i = 0; i < layout.ranks[h].size(); ++i) {
+        hostOf[size_t(layout.ranks[h][i])] = int(h);
+        localOf[size_t(layout.ranks[h][i])] = int(i);
+      }
+    }
+    local = layout.ranks[size_t(layout.mine)];
+    handled = handledBy(t.rank());
+  }
+  // The rank of host h that handles block g.
+  int handler(int g, int h) const {
+    const auto& ranks = layout.ranks[size_t(h)];
+    return ranks[size_t(localOf[size_t(g)]) % ranks.size()];
+  }
+  std::vector<int> handledBy(int x) const {
+    std::vector<int> blocks;
+    for (int g = 0; g < int(hostOf.size()); ++g) {
+      if (handler(g, hostOf[size_t(x)]) == x) blocks.push_back(g);
+    }
+    return blocks;
+  }
+};
+
+struct Segments {
+  size_t m, count, es;
+  Segments(size_t blockCount, size_t es_)
+      : m(std::clamp<size_t>(blockCount * es_ / kSegmentBytes, 1, kMaxSegments)), count(blockCount), es(es_) {}
+  size_t offset(size_t s) const { return partBegin(count, m, s) * es; }
+  size_t bytes(size_t s) const { return (partEnd(count, m, s) - partBegin(count, m, s)) * es; }
+  size_t maxBytes() const { return ((count + m - 1) / m) * es; }
+};
+
+// Unit u of a rank handling `handled`: segment u / |handled| of block
+// handled[u % |handled|].
+struct Unit {
+  int block;
+  size_t seg;
+};
+Unit unitOf(const std::vector<int>& handled, size_t u) {
+  return {handled[u % handled.size()], u / handled.size()};
+}
+
+uint32_t tagOf(int block, size_t seg, const Segments& segs, bool local) {
+  return (local ? kLocalTag : 0) | uint32_t(size_t(block) * segs.m + seg);
+}
+
+uint64_t cookie(uint64_t kind, size_t unit) { return kind << 48 | unit; }
+
+}  // namespace
+
+bool twoLevelMoves(const Transport& t) {
+  const int hosts = t.hostCount();
+  return hosts > 1 && hosts < t.size();
+}
+
+void twoLevelAllgather(const Collective& c, const void* in, const std::vector<void*>& blocks, size_t blockCount) {
+  const int rank = c.rank();
+  const Segments segs(blockCount, elementSize(c.dtype));
+  const size_t blockBytes = blockCount * segs.es;
+  if (blockBytes == 0) return;
+  const Routes routes(c.transport);
+  const void* const source = allgatherSource(in, blocks, rank, blockBytes);
+  auto at = [&](int g, size_t s) {
+    return (g == rank ? static_cast<char*>(const_cast<void*>(source)) : static_cast<char*>(blocks[size_t(g)])) +
+           segs.offset(s);
+  };
+  const std::vector<int>& mine = routes.handled;
+  const size_t units = mine.size() * segs.m;
+  std::vector<bool> arrived(units);
+  size_t posted = 0, completed = 0;
+
+  // Across hosts: this rank's block to its handler on every other host, and
+  // the blocks it handles from their owners.
+  for (size_t u = 0; u < units; ++u) {
+    const Unit x = unitOf(mine, u);
+    if (x.block == rank) {
+      arrived[u] = true;
+      for (int h = 0; h < int(routes.layout.ranks.size()); ++h) {
+        if (h == routes.layout.mine) continue;
+        c.transport.postSend(routes.handler(rank, h), c.frame(tagOf(rank, x.seg, segs, false)), at(rank, x.seg),
+                             segs.bytes(x.seg), cookie(kSent, u));
+        ++posted;
+      }
+    } else {
+      c.transport.postRecv(x.block, c.frame(tagOf(x.block, x.seg, segs, false)), at(x.block, x.seg),
+                           segs.bytes(x.seg), cookie(kFromNet, u));
+      ++posted;
+    }
+  }
+  // On this host: what every other rank handles, in its unit order.
+  for (int peer : routes.local) {
+    if (peer == rank) continue;
+    const std::vector<int> theirs = routes.handledBy(peer);
+    for (size_t u = 0; u < theirs.size() * segs.m; ++u) {
+      const Unit x = unitOf(theirs, u);
+      c.transport.postRecv(peer, c.frame(tagOf(x.block, x.seg, segs, true)), at(x.block, x.seg), segs.bytes(x.seg),
+                           cookie(kFromHost, u));
+      ++posted;
+    }
+  }
+  // Forwards the units that arrived, in unit order.
+  size_t forwarded = 0;
+  auto forward = [&] {
+    for (; forwarded < units && arrived[forwarded]; ++forwarded) {
+      const Unit x = unitOf(mine, forwarded);
+      for (int peer : routes.local) {
+        if (peer == rank) continue;
+        c.transport.postSend(peer, c.frame(tagOf(x.block, x.seg, segs, true)), at(x.block, x.seg),
+                             segs.bytes(x.seg), cookie(kSent, forwarded));
+        ++posted;
+      }
+    }
+  };
+  forward();
+  std::vector<uint64_t> done;
+  while (completed < posted || forwarded < units) {
+    done.clear();
+    c.transport.waitSome(done, c.deadline);
+    for (uint64_t k : done) {
+      ++completed;
+      if (k >> 48 == kFromNet) arrived[k & ((uint64_t(1) << 48) - 1)] = true;
+    }
+    forward();
+  }
+  if (blocks[size_t(rank)] != source) moveBytes(blocks[size_t(rank)], source, blockBytes);
+}
+
+void twoLevelReduceScatter(const Collective& c, const std::vector<const void*>& blocks, void* out, size_t blockCount,
+                           ReduceFn fn) {
+  const int rank = c.rank();
+  const Segments segs(blockCount, elementSize(c.dtype));
+  const size_t blockBytes = blockCount * segs.es;
+  if (blockBytes == 0) return;
+  const Routes routes(c.transport);
+  const std::vector<int>& mine = routes.handled;
+  const size_t units = mine.size() * segs.m;
+  const int hosts = int(routes.layout.ranks.size());
+  auto input = [&](int g, size_t s) { return static_cast<const char*>(blocks[size_t(g)]) + segs.offset(s); };
+  // A unit's contributions, in the order they are folded: this host's other
+  // ranks, then (for this rank's own block) the other hosts' sums.
+  auto sourcesOf = [&](int block) {
+    std::vector<int> from;
+    for (int peer : routes.local) {
+      if (peer != rank) from.push_back(peer);
+    }
+    if (block == rank) {
+      for (int h = 0; h < hosts; ++h) {
+        if (h != routes.layout.mine) from.push_back(routes.handler(rank, h));
+      }
+    }
+    return from;
+  };
+  const size_t maxSources = sourcesOf(rank).size();
+  // Receives run up to `window` units ahead of the folds, into slots.
+  const size_t window = 2 * mine.size();
+  const size_t slotsBytes = window * maxSources * segs.maxBytes();
+  // The sums: this rank's own in `out` (unless it overlaps an input block
+  // the op still reads), the others' in the workspace after the slots.
+  bool ownInOut = true;
+  for (int g = 0; g < c.size(); ++g) ownInOut = ownInOut && (g == rank || !overlaps(out, blocks[size_t(g)], blockBytes));
+  char* const scratch = c.workspace.get(slotsBytes + mine.size() * blockBytes);
+  auto slot = [&](size_t u, size_t j) { return scratch + ((u % window) * maxSources + j) * segs.maxBytes(); };
+  auto sum = [&](size_t index, size_t s) {  // of mine[index]
+    char* acc = mine[index] == rank && ownInOut ? static_cast<char*>(out) : scratch + slotsBytes + index * blockBytes;
+    return acc + segs.offset(s);
+  };
+
+  size_t posted = 0, completed = 0;
+  // This rank's contribution to the units every other rank of its host handles.
+  for (int peer : routes.local) {
+    if (peer == rank) continue;
+    const std::vector<int> theirs = routes.handledBy(peer);
+    for (size_t u = 0; u < theirs.size() * segs.m; ++u) {
+      const Unit x = unitOf(theirs, u);
+      c.transport.postSend(peer, c.frame(tagOf(x.block, x.seg, segs, true)), input(x.block, x.seg),
+                           segs.bytes(x.seg), cookie(kSent, u));
+      ++posted;
+    }
+  }
+
+  std::vector<size_t> arrivedOf(units, 0);
+  std::vector<bool> folded(units);
+  size_t nextRecv = 0, foldedCount = 0;
+  // The next unit of each block this rank sends to the block's owner.
+  std::vector<size_t> nextSend(mine.size(), 0);
+  auto sendSums = [&](size_t index) {  // mine[index], a block of another host
+    const int g = mine[index];
+    for (size_t& s = nextSend[index]; s < segs.m && folded[s * mine.size() + index]; ++s) {
+      c.transport.postSend(g, c.frame(tagOf(g, s, segs, false)), sum(index, s), segs.bytes(s), cookie(kSent, 0));
+      ++posted;
+    }
+  };
+  auto fold = [&](size_t u) {
+    const Unit x = unitOf(mine, u);
+    const std::vector<int> from = sourcesOf(x.block);
+    if (arrivedOf[u] < from.size() || folded[u]) return;
+    char* const dst = sum(u % mine.size(), x.seg);
+    if (dst != input(x.block, x.seg)) moveBytes(dst, input(x.block, x.seg), segs.bytes(x.seg));
+    for (size_t j = 0; j < from.size(); ++j) fn(dst, slot(u, j), segs.bytes(x.seg) / segs.es);
+    folded[u] = true;
+    ++foldedCount;
+    if (x.block != rank) sendSums(u % mine.size());
+  };
+  auto postRecvs = [&] {
+    for (; nextRecv < units && (nextRecv < window || folded[nextRecv - window]); ++nextRecv) {
+      const size_t u = nextRecv;
+      const Unit x = unitOf(mine, u);
+      const std::vector<int> from = sourcesOf(x.block);
+      for (size_t j = 0; j < from.size(); ++j) {
+        const bool local = routes.hostOf[size_t(from[j])] == routes.layout.mine;
+        c.transport.postRecv(from[j], c.frame(tagOf(x.block, x.seg, segs, local)), slot(u, j), segs.bytes(x.seg),
+                             cookie(local ? kFromHost : kFromNet, u));
+        ++posted;
+      }
+      fold(u);  // a unit with no contributions (a host of one rank)
+    }
+  };
+  postRecvs();
+  std::vector<uint64_t> done;
+  while (completed < posted || foldedCount < units) {
+    done.clear();
+    c.transport.waitSome(done, c.deadline);
+    for (uint64_t k : done) {
+      ++completed;
+      if (k >> 48 == kSent) continue;
+      const size_t u = k & ((uint64_t(1) << 48) - 1);
+      ++arrivedOf[u];
+      fold(u);
+    }
+    postRecvs();
+  }
+  if (!ownInOut) {
+    const size_t index = size_t(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+    moveBytes(out, sum(index, 0), blockBytes);
+  }
+}
+
+}  // namespace collx
