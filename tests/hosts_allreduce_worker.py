@@ -15,7 +15,7 @@ ranks on one; they are checked against gloo's all_gather and against the
 block of gloo's all-reduce, and their stats must name the hierarchical path.
 Rank 0 writes "ok" or the failures to --result; every rank leaves with
 os._exit, so a peer's late teardown never holds up the job. With --loop, a
-collx default group all-reduces until an op fails (loop_until_error).
+collx default group runs one collective until it fails (loop_until_error).
 """
 from __future__ import annotations
 
@@ -86,21 +86,29 @@ def check_moves(rank, n, block, collx, failures):
             failures.append(f"rank {rank}: no {label} in {sorted(labels)}")
 
 
-def loop_until_error(rank, count, results, timeout):
-    """--loop: a collx default group all-reduces `count` floats until an op
-    fails (the test cuts a link or kills a host); records how, and when on
-    CLOCK_MONOTONIC (one clock for every namespace), in RESULTS/rank{r}.json."""
+def loop_until_error(rank, count, results, timeout, op):
+    """--loop: a collx default group runs `op` (all_reduce, all_gather or
+    reduce_scatter) on `count` floats until an op fails (the test cuts a link
+    or kills a host); records how, and when on CLOCK_MONOTONIC (one clock
+    for every namespace), in RESULTS/rank{r}.json."""
     out = {"type": None}
     try:
         dist.init_process_group("collx", timeout=datetime.timedelta(seconds=timeout))
-        t = torch.ones(count)
-        dist.all_reduce(t)
-        out["first_ok"] = torch.equal(t, torch.full((count,), float(dist.get_world_size())))
+        n = dist.get_world_size()
+        block = count // n
+        t = torch.ones(block * n)
+        run = {"all_reduce": lambda: dist.all_reduce(t),
+               "all_gather": lambda: dist.all_gather_into_tensor(t, t[:block]),
+               "reduce_scatter": lambda: dist.reduce_scatter_tensor(t[:block], t.clone())}[op]
+        run()
+        want = {"all_reduce": n, "all_gather": 1, "reduce_scatter": n}[op]
+        out["first_ok"] = torch.equal(t[:block], torch.full((block,), float(want)))
         with open(os.path.join(results, f"loop{rank}"), "w") as f:
             f.write(os.environ["NETNS_HOST"])
         start = time.monotonic()
         while time.monotonic() - start < 4 * timeout:
-            dist.all_reduce(t)
+            t.fill_(1)
+            run()
         out["message"] = f"no error in {4 * timeout} s"
     except Exception as e:  # noqa: BLE001 - recorded and judged by the test
         out = dict(out, type=type(e).__name__, dist_backend_error=isinstance(e, dist.DistBackendError),
@@ -116,11 +124,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--result", required=True, help="a file (checks), or a folder with --loop")
-    p.add_argument("--loop", type=float, default=None, help="all-reduce until an op fails; the group timeout, s")
+    p.add_argument("--loop", type=float, default=None, help="run --op until it fails; the group timeout, s")
+    p.add_argument("--op", default="all_reduce", help="with --loop: all_reduce, all_gather or reduce_scatter")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
     if args.loop is not None:
-        loop_until_error(rank, args.count, args.result, args.loop)
+        loop_until_error(rank, args.count, args.result, args.loop, args.op)
     failures = []
     code = 0
     try:

@@ -9,8 +9,9 @@ uneven (3 + 2: six slices), and three hosts of 2 + 1 + 2. The
 element count is odd, so no slice, part or segment is even. The same jobs
 check the two-level all_gather and reduce_scatter against gloo.
 
-Failure on 3 hosts (2 + 1 + 2), while every rank all-reduces 4 MiB (the
-two-level form) in a loop: host 2's link cut, or host 2's processes killed.
+Failure on 3 hosts (2 + 1 + 2), while every rank runs a 4 MiB all_reduce,
+all_gather or reduce_scatter (their two-level forms) in a loop: host 2's
+link cut, or host 2's processes killed.
 Every surviving rank fails with a DistBackendError, for a cut within the
 group timeout plus a margin, for a killed host before any timeout could
 fire.
@@ -82,15 +83,17 @@ def _wait_files(tmp, names, deadline, procs):
         time.sleep(0.1)
 
 
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter"])
 @pytest.mark.parametrize("fault", ["cut", "kill"])
-def test_three_hosts_fail_every_survivor_promptly(fault):
+def test_three_hosts_fail_every_survivor_promptly(fault, op):
     ranks = [2, 1, 2]
     n = sum(ranks)
     tmp = tempfile.mkdtemp(prefix="collx_hosts_fault_")
     try:
         with Hosts(3) as hosts:
             env = _env()
-            procs = hosts.torchrun(WORKER, ["--count", str(1 << 20), "--result", tmp, "--loop", str(GROUP_TIMEOUT)],
+            procs = hosts.torchrun(WORKER, ["--count", str(1 << 20), "--result", tmp, "--loop", str(GROUP_TIMEOUT),
+                                           "--op", op],
                                    env, port=29673, nproc=ranks, log_dir=tmp)
             _wait_files(tmp, [f"loop{r}" for r in range(n)], time.monotonic() + LAUNCH_LIMIT, procs)
             looping = [r for r in range(n) if os.path.exists(os.path.join(tmp, f"loop{r}"))]
