@@ -7,13 +7,14 @@ The standard grid (issue 69), one job per line, all three ops:
 
       2 hosts x 2 ranks, NIC 1 Gbit/s and 5 Gbit/s, 1, 16, 64 MiB
       2 hosts x 4 ranks, NIC 1 Gbit/s and 5 Gbit/s, 1, 16, 64 MiB
-      2 hosts x 2 ranks, NIC 2 Gbit/s, each TCP flow capped at 0.5 Gbit/s, 1, 16, 64 MiB
+      2 hosts x 2 ranks, NIC 2 Gbit/s, each TCP flow capped at 0.5 Gbit/s, 1, 16, 64 MiB,
+        with 1 socket per peer (the default) and 4 (COLLX_SOCKETS_PER_PEER)
       4 hosts x 1 rank and 4 hosts x 2 ranks, NIC 1 Gbit/s, 4 B to 16 MiB
 
 One job:
 
     sudo .venv/bin/python benchmarks/hosts.py --hosts 2 --ranks-per-host 2 --rate 1gbit \\
-        [--flow-cap 500mbit] [--sizes 4,64K,1M,16M,64M] [--algos auto,ring,tree,hier] \\
+        [--flow-cap 500mbit] [--sockets-per-peer 4] [--sizes 4,64K,1M,16M,64M] [--algos auto,ring,tree,hier] \\
         [--ops all_reduce,all_gather,reduce_scatter] [--rounds 3] [--delay 50us --loss 0.1%]
 
 Each job makes h namespaces on one bridge, shapes every NIC both ways, and
@@ -66,6 +67,7 @@ E_MIN_BYTES = 64 << 10
 GRID = [dict(hosts=2, ranks="2", rate="1gbit", sizes=BIG), dict(hosts=2, ranks="2", rate="5gbit", sizes=BIG),
         dict(hosts=2, ranks="4", rate="1gbit", sizes=BIG), dict(hosts=2, ranks="4", rate="5gbit", sizes=BIG),
         dict(hosts=2, ranks="2", rate="2gbit", flow_cap="500mbit", sizes=BIG),
+        dict(hosts=2, ranks="2", rate="2gbit", flow_cap="500mbit", sockets=4, sizes=BIG),
         dict(hosts=4, ranks="1", rate="1gbit", sizes=SMALL), dict(hosts=4, ranks="2", rate="1gbit", sizes=SMALL)]
 
 
@@ -82,6 +84,7 @@ def ranks_per_host(spec: str, h: int) -> list[int]:
 def job_env(cache: str | None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     env.pop("COLLX_ALGORITHM", None)
+    env.pop("COLLX_SOCKETS_PER_PEER", None)
     if cache:
         env["XDG_CACHE_HOME"] = cache
     return env
@@ -121,6 +124,8 @@ def run_job(job: dict, args) -> dict:
             if job.get("rate"):
                 hosts.shape(job["rate"], flow_cap=job.get("flow_cap"), delay=args.delay, loss=args.loss)
             env = job_env(None if args.keep_cache else os.path.join(tmp, "cache"))
+            if job.get("sockets"):
+                env["COLLX_SOCKETS_PER_PEER"] = str(job["sockets"])
             procs = hosts.torchrun(WORKER, worker_args, env, port=args.port, nproc=counts, log_dir=tmp)
             finished = wait_all(procs, time.monotonic() + args.timeout)
             hosts.close()  # SIGKILLs whatever still runs
@@ -170,6 +175,8 @@ def title(job: dict) -> str:
     shape = f"NIC {job['rate']}" if job.get("rate") else "unshaped"
     if job.get("flow_cap"):
         shape += f", flow cap {job['flow_cap']}"
+    if job.get("sockets"):
+        shape += f", {job['sockets']} sockets per peer"
     layout = f"{job['hosts']} hosts x {counts[0]}" if len(set(counts)) == 1 else "+".join(map(str, counts))
     return f"{layout} ranks, {shape}"
 
@@ -248,6 +255,7 @@ def parse_args(argv=None):
     p.add_argument("--ranks-per-host", default="2", help="one count, or one per host (uneven: 3,2)")
     p.add_argument("--rate", default="1gbit", help="each NIC's rate, tc syntax; '' for unshaped")
     p.add_argument("--flow-cap", default=None, help="per-TCP-flow cap, tc syntax (e.g. 500mbit)")
+    p.add_argument("--sockets-per-peer", type=int, default=None, help="COLLX_SOCKETS_PER_PEER for collx")
     p.add_argument("--delay", default=None, help="netem delay per host egress (RTT = 2x), where the kernel has it")
     p.add_argument("--loss", default=None, help="netem loss per host egress (e.g. 0.1%%), where the kernel has it")
     p.add_argument("--sizes", default="4,64K,1M,16M,64M")
@@ -270,7 +278,7 @@ def main():
         jobs, args.link_check = [dict(j) for j in GRID], True
     else:
         jobs = [dict(hosts=args.hosts, ranks=args.ranks_per_host, rate=args.rate or None,
-                     flow_cap=args.flow_cap, sizes=args.sizes)]
+                     flow_cap=args.flow_cap, sockets=args.sockets_per_peer, sizes=args.sizes)]
     if args.link_check:
         import hosts_link
         print("emulated link (benchmarks/hosts_link.py):")

@@ -41,6 +41,7 @@ struct Config {
   shm::ReadPeers readPeers = shm::ReadPeers::kWherePays;  // COLLX_SHM_CMA: cross-memory attach
   std::string localCongestion = "reno";    // COLLX_TCP_CONGESTION within a host; "": the system's
   bool lazy = true;                        // COLLX_CONNECT: lazy or eager (core/transport/device.h)
+  int lanes = 1;                           // COLLX_SOCKETS_PER_PEER (core/transport/device.h)
   bool stageCpuTensors = false;  // COLLX_STAGE_CPU_TENSORS: CPU tensors take the device path (tests)
   size_t deviceReduceMinBytes = kDeviceReduceMinBytes;  // COLLX_DEVICE_REDUCE_MIN_BYTES (staging.h)
   size_t stagingChunkBytes = kPipelineChunkBytes;       // COLLX_STAGING_CHUNK_BYTES (staging.h)

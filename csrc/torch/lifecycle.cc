@@ -184,6 +184,7 @@ void CollxBackend::build(StoreAdapter& adapter, tcp::Directory announced, Clock:
   const int size = announced.size;
   tcp::DeviceOptions dopts{config_.ifname, config_.family, timeout(), config_.transport, config_.readPeers,
                            config_.localCongestion, config_.lazy};
+  dopts.lanes = config_.lanes;
   dopts.wakeFd = setupWakeFd_;
   dopts.notes = std::make_shared<StoreAdapter>(store_);
   auto device = std::make_unique<tcp::Device>(adapter, std::move(announced), dopts);

@@ -114,6 +114,16 @@ c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::S
     }
     config.lazy = connect == "lazy";
   }
+  // Connections per peer on another host; every rank must set the same.
+  if (const char* v = std::getenv("COLLX_SOCKETS_PER_PEER"); v && *v) {
+    char* end = nullptr;
+    const long lanes = std::strtol(v, &end, 10);
+    if (*end || lanes < 1 || lanes > long(collx::tcp::kMaxLanes)) {
+      throw py::value_error(collx::str("collx: COLLX_SOCKETS_PER_PEER=", v, " must be a number from 1 to ",
+                                       collx::tcp::kMaxLanes));
+    }
+    config.lanes = int(lanes);
+  }
   config.tuning = tuningPolicy();
   config.deviceReduceMinBytes = bytesOrOff("COLLX_DEVICE_REDUCE_MIN_BYTES", collx::torch_glue::kDeviceReduceMinBytes);
   config.stagingChunkBytes = bytesOrOff("COLLX_STAGING_CHUNK_BYTES", collx::torch_glue::kPipelineChunkBytes);

@@ -54,7 +54,11 @@ Device::Device(Store& store, int rank, int size, const DeviceOptions& options)
              options) {}
 
 Device::Device(Store& store, Directory announced, const DeviceOptions& options)
-    : rank_(announced.rank), size_(announced.size), lazy_(options.lazy), pairs_(announced.size) {
+    : rank_(announced.rank),
+      size_(announced.size),
+      lazy_(options.lazy),
+      lanes_(std::clamp<int>(options.lanes, 1, int(kMaxLanes))),
+      pairs_(size_t(announced.size) * size_t(lanes_)) {
   const Deadline deadline = Clock::now() + options.timeout;
   const int rank = rank_;
   const int size = size_;
@@ -79,7 +83,8 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
       const bool onHost = hosts_[size_t(peer)] == hosts_[size_t(rank)];
       if (peer == rank || (lazy_ && !(onHost && options.transport != shm::Mode::kTcp))) continue;
       try {
-        for (uint32_t ch = 0; ch < kChannels; ++ch) {
+        const int lanes = onHost ? 1 : lanes_;  // an eager pair's lanes connect now too
+        for (uint32_t ch = 0; ch < kFirstLane + uint32_t(lanes) - 1; ++ch) {
           sockets[ch][size_t(peer)] = connector_->take(peer, Channel(ch), deadline, options.wakeFd);
         }
       } catch (const PeerClosedError& e) {
@@ -125,8 +130,12 @@ Device::Device(Store& store, Directory announced, const DeviceOptions& options)
   }
   for (int peer = 0; peer < size; ++peer) {
     if (sockets[kCollectives][size_t(peer)].valid()) {
-      pairs_[peer] = std::make_unique<Pair>(rank, peer, std::move(sockets[kCollectives][size_t(peer)]), &cancelled_,
-                                            std::move(local.collectives[size_t(peer)]));
+      pairs_[size_t(peer)] = std::make_unique<Pair>(rank, peer, std::move(sockets[kCollectives][size_t(peer)]),
+                                                    &cancelled_, std::move(local.collectives[size_t(peer)]));
+    }
+    for (int lane = 1; lane < lanes_; ++lane) {
+      Socket& s = sockets[laneChannel(lane)][size_t(peer)];
+      if (s.valid()) pairs_[size_t(lane * size + peer)] = std::make_unique<Pair>(rank, peer, std::move(s), &cancelled_);
     }
   }
   P2PEngine::Connect dial;
@@ -201,25 +210,26 @@ void Device::close() {
   pending_ = 0;
 }
 
-Pair& Device::pair(int peer) {
+Pair& Device::pair(int peer, int lane) {
   throwIfBroken();
   COLLX_CHECK(peer >= 0 && peer < size_ && peer != rank_, "collx rank ", rank_, ": invalid peer ",
               peer, " for a group of size ", size_);
-  if (!pairs_[peer]) {
+  std::unique_ptr<Pair>& p = pairs_[size_t(lane * size_ + peer)];
+  if (!p) {
     std::lock_guard<std::mutex> lock(socketsMutex_);  // interrupt() reads pairs_
-    pairs_[peer] = std::make_unique<Pair>(rank_, peer, Socket(), &cancelled_);
+    p = std::make_unique<Pair>(rank_, peer, Socket(), &cancelled_);
   }
-  return *pairs_[peer];
+  return *p;
 }
 
 int Device::connectedPeers() const {
-  return int(std::count_if(pairs_.begin(), pairs_.end(), [](auto& p) { return p && p->connected(); }));
+  return int(std::count_if(pairs_.begin(), pairs_.begin() + size_, [](auto& p) { return p && p->connected(); }));
 }
 
-void Device::connect(Pair& p, Deadline deadline) {
+void Device::connect(Pair& p, Channel channel, Deadline deadline) {
   Socket s;
   try {
-    s = connector_->take(p.peer(), kCollectives, deadline, wakeFd_);
+    s = connector_->take(p.peer(), channel, deadline, wakeFd_);
   } catch (const TimeoutError& e) {
     {
       std::lock_guard<std::mutex> lock(progressMutex_);
@@ -234,15 +244,52 @@ void Device::connect(Pair& p, Deadline deadline) {
 
 void Device::postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                       uint64_t cookie) {
-  pair(peer).postSend(frame, data, bytes, cookie);
-  noteLinked(frame);
-  ++pending_;
+  post(peer, frame, static_cast<char*>(const_cast<void*>(data)), bytes, cookie, true);
 }
 
 void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) {
-  pair(peer).postRecv(frame, data, bytes, cookie);
+  post(peer, frame, static_cast<char*>(data), bytes, cookie, false);
+}
+
+// Both sides of a pair cut a message alike, from what both know (its size
+// and dtype, the peer's host), and post its pieces to the lanes in the
+// order of their messages, so each lane's FIFO matches as lane 0's does.
+void Device::post(int peer, const Frame& frame, char* data, size_t bytes, uint64_t cookie, bool send) {
+  const bool across = lanes_ > 1 && hosts_[size_t(peer)] != hosts_[size_t(rank_)];
+  const int pieces = across ? int(std::min<size_t>(size_t(lanes_), bytes / kMinPieceBytes)) : 1;
+  if (pieces <= 1) {
+    send ? pair(peer).postSend(frame, data, bytes, cookie) : pair(peer).postRecv(frame, data, bytes, cookie);
+    noteLinked(frame);
+    ++pending_;
+    return;
+  }
+  COLLX_CHECK(!(cookie & kStriped), "collx: a cookie with the top bit set: ", cookie);
+  const uint64_t id = kStriped | nextStripe_++;
+  stripes_[id] = {cookie, pieces};
+  const size_t es = std::max<size_t>(1, elementSize(frame.dtype)), elems = bytes / es;
+  for (int i = 0; i < pieces; ++i) {
+    const size_t b = elems * size_t(i) / size_t(pieces) * es;
+    const size_t e = i + 1 == pieces ? bytes : elems * size_t(i + 1) / size_t(pieces) * es;
+    Pair& p = pair(peer, i);
+    send ? p.postSend(frame, data + b, e - b, id) : p.postRecv(frame, data + b, e - b, id);
+    ++pending_;
+  }
   noteLinked(frame);
-  ++pending_;
+}
+
+void Device::joinStripes(std::vector<uint64_t>& done, size_t from) {
+  size_t kept = from;
+  for (size_t i = from; i < done.size(); ++i) {
+    if (!(done[i] & kStriped)) {
+      done[kept++] = done[i];
+      continue;
+    }
+    auto it = stripes_.find(done[i]);
+    if (--it->second.second > 0) continue;
+    done[kept++] = it->second.first;
+    stripes_.erase(it);
+  }
+  done.resize(kept);
 }
 
 void Device::noteLinked(const Frame& frame) {
@@ -267,16 +314,18 @@ void Device::cancel(uint64_t seq, OpKind kind, const std::string& why, Deadline 
 
 void Device::progressOnce(std::vector<uint64_t>& done, Deadline deadline) {
   size_t before = done.size();
-  for (auto& p : pairs_) {
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    Pair* p = pairs_[i].get();
     if (!p) continue;
     if (!p->connected()) {
       if (!p->wantsWrite() && !p->wantsRead()) continue;
-      connect(*p, deadline);
+      connect(*p, laneChannel(int(i / size_t(size_))), deadline);
     }
     if (p->wantsWrite()) p->progressSend(done);
     if (p->wantsRead()) p->progressRecv(done);
   }
   pending_ -= done.size() - before;
+  if (!stripes_.empty()) joinStripes(done, before);
 }
 
 void Device::listen(Pair& p) {

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "../store.h"
@@ -35,6 +36,11 @@ struct DeviceOptions {
   // Peers that shared memory may link are connected at creation either way:
   // their rings and windows are set up together.
   bool lazy = true;
+  // COLLX_SOCKETS_PER_PEER: connections to each peer on another host (at
+  // most kMaxLanes), over which a large message is striped, so that a pair
+  // is not held to one flow's share of the link (a cloud's per-flow cap, a
+  // core per stream). They connect when the pair first stripes.
+  int lanes = 1;
   std::string hostLabel;  // stands for this rank's host in the host indices (rendezvous.h); "": its address
   int wakeFd = -1;  // readable: the connects at creation stop (a group shut down while it connects)
   // The group's Store for the rest of its life: where a rank whose group
@@ -74,6 +80,11 @@ class Device : public Transport {
   void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                 uint64_t cookie) override;
   void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
+  // A message of at least twice this many bytes to a peer with lanes is
+  // striped, in pieces of at least this size over at most `lanes` of them.
+  // Under a per-flow cap, 64 KiB pieces left 1 MiB ops 1.5-3x slower than
+  // 128 KiB ones (docs/measurements.md).
+  static constexpr size_t kMinPieceBytes = 128 << 10;
   void waitSome(std::vector<uint64_t>& done, Deadline deadline) override;
   size_t pending() const override { return pending_; }
   TransportCounters counters() const override;
@@ -124,9 +135,14 @@ class Device : public Transport {
  private:
   void throwIfBroken() const;
   void closeSockets();
-  Pair& pair(int peer);
+  Pair& pair(int peer, int lane = 0);
+  // Posts one message, striped over the pair's lanes where it is large.
+  void post(int peer, const Frame& frame, char* data, size_t bytes, uint64_t cookie, bool send);
   // Connects a lazy pair that has ops queued (breaks the group on failure).
-  void connect(Pair& p, Deadline deadline);
+  void connect(Pair& p, Channel channel, Deadline deadline);
+  // Replaces the completed pieces of striped messages in done[from...] by
+  // their messages' cookies, once all of a message's pieces are done.
+  void joinStripes(std::vector<uint64_t>& done, size_t from);
   void progressOnce(std::vector<uint64_t>& done, Deadline deadline);
   // Reads what a peer this rank does not receive from has sent: its abort
   // frame or end, or a cancel of this op (waitSome's listening).
@@ -145,7 +161,14 @@ class Device : public Transport {
   int size_;
   bool lazy_;  // some peers are connected on first use
   std::shared_ptr<Connector> connector_;       // serves a lazy group's dials until close()
-  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by peer; null for self and peers never posted to
+  int lanes_ = 1;
+  // Indexed by lane * size + peer; null for self and pairs never posted to.
+  std::vector<std::unique_ptr<Pair>> pairs_;
+  // The striped messages in flight: a piece's cookie (kStriped | id) to the
+  // message's cookie and its pieces not yet done.
+  static constexpr uint64_t kStriped = uint64_t(1) << 63;
+  std::unordered_map<uint64_t, std::pair<uint64_t, int>> stripes_;
+  uint64_t nextStripe_ = 0;
   std::shared_ptr<P2PEngine> p2p_;
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)
   std::vector<std::string> departed_;         // per rank: why it left during setup ("" if it did not)

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "../error.h"
 #include "device.h"
 
@@ -88,7 +90,7 @@ void Device::timeout() {
   for (auto& p : pairs_) {
     if (!p || (!p->wantsRead() && !p->wantsWrite())) continue;
     what += str(what.empty() ? "" : "; ", "peer ", p->peer(), ": ", p->describePending());
-    waited.push_back(p->peer());
+    if (std::find(waited.begin(), waited.end(), p->peer()) == waited.end()) waited.push_back(p->peer());
   }
   {
     std::lock_guard<std::mutex> lock(progressMutex_);

@@ -135,7 +135,7 @@ Mesh connectMesh(Store& store, int rank, int size, const std::string& ifname, in
   for (auto& channel : mesh.sockets) channel.resize(size_t(size));
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    for (uint32_t ch = 0; ch < kChannels; ++ch) {
+    for (uint32_t ch = 0; ch < kFirstLane; ++ch) {
       mesh.sockets[ch][size_t(peer)] = connector.take(peer, Channel(ch), deadline);
     }
   }

@@ -35,8 +35,14 @@
 namespace collx::tcp {
 
 // Channels: independent connections between each pair, for traffic that must
-// not queue behind another's (kCollectives in op order, kP2P by tag).
-enum Channel : uint32_t { kCollectives = 0, kPointToPoint = 1, kChannels = 2 };
+// not queue behind another's (kCollectives in op order, kP2P by tag), and
+// the further lanes of a pair whose large collective messages are striped
+// (DeviceOptions::lanes): lane 0 is kCollectives, lane i >= 1 channel
+// kFirstLane + i - 1.
+enum Channel : uint32_t { kCollectives = 0, kPointToPoint = 1, kFirstLane = 2 };
+constexpr uint32_t kMaxLanes = 8;
+constexpr uint32_t kChannels = kFirstLane + kMaxLanes - 1;
+inline Channel laneChannel(int lane) { return lane == 0 ? kCollectives : Channel(kFirstLane + uint32_t(lane) - 1); }
 
 struct Directory {
   int rank = 0;
@@ -65,14 +71,14 @@ Directory publish(Store& store, int rank, int size, const std::string& ifname, i
                   std::chrono::milliseconds timeout, const std::string& hostLabel, const std::string& connect);
 
 struct Mesh {
-  std::vector<Socket> sockets[kChannels];  // per channel, one per peer; invalid at index `rank`
+  std::vector<Socket> sockets[kFirstLane];  // collectives and p2p, one per peer; invalid at index `rank`
   std::vector<int> hosts;
   std::string address;
   std::string prefix;
   uint64_t token = 0;
 };
 
-// Every rank connected to every other on both channels, then the listener
+// Every rank connected to every other on both channels (no lanes), then the listener
 // closed (Connector::take on each). `localCongestion`: the
 // congestion control of connections between ranks on one host ("" leaves
 // the system's); throws where the kernel refuses it.
