@@ -113,6 +113,11 @@ def loop_until_error(rank, count, results, timeout, op):
     except Exception as e:  # noqa: BLE001 - recorded and judged by the test
         out = dict(out, type=type(e).__name__, dist_backend_error=isinstance(e, dist.DistBackendError),
                    message=str(e)[:2000], time=time.monotonic())
+        try:  # the broken group still shuts down, and promptly
+            dist.destroy_process_group()
+            out["destroyed_in"] = time.monotonic() - out["time"]
+        except Exception as e2:  # noqa: BLE001
+            out["destroy_error"] = str(e2)[:500]
     with open(os.path.join(results, f"rank{rank}.json.tmp"), "w") as f:
         json.dump(out, f)
     os.rename(os.path.join(results, f"rank{rank}.json.tmp"), os.path.join(results, f"rank{rank}.json"))
