@@ -39,7 +39,8 @@ struct DeviceOptions {
   // COLLX_SOCKETS_PER_PEER: connections to each peer on another host (at
   // most kMaxLanes), over which a large message is striped, so that a pair
   // is not held to one flow's share of the link (a cloud's per-flow cap, a
-  // core per stream). They connect when the pair first stripes.
+  // core per stream). A lazy pair connects them when it first stripes, an
+  // eager one at creation.
   int lanes = 1;
   std::string hostLabel;  // stands for this rank's host in the host indices (rendezvous.h); "": its address
   int wakeFd = -1;  // readable: the connects at creation stop (a group shut down while it connects)
@@ -82,7 +83,7 @@ class Device : public Transport {
   void postRecv(int peer, const Frame& frame, void* data, size_t bytes, uint64_t cookie) override;
   // A message of at least twice this many bytes to a peer with lanes is
   // striped, in pieces of at least this size over at most `lanes` of them.
-  // Under a per-flow cap, 64 KiB pieces left 1 MiB ops 1.5-3x slower than
+  // Under a per-flow cap, 64 KiB pieces left 1 MiB ops 2-5x slower than
   // 128 KiB ones (docs/measurements.md).
   static constexpr size_t kMinPieceBytes = 128 << 10;
   void waitSome(std::vector<uint64_t>& done, Deadline deadline) override;

@@ -112,7 +112,8 @@ class Transport {
 
   // Queue one message to / from `peer`. Messages to a peer leave in post
   // order; receives from a peer match arriving messages in post order. The
-  // buffer must stay valid until waitSome returns the op's cookie.
+  // buffer must stay valid until waitSome returns the op's cookie, which
+  // is below 2^63 (the top bit is the transport's own).
   virtual void postSend(int peer, const Frame& frame, const void* data, size_t bytes,
                         uint64_t cookie) = 0;
   virtual void postRecv(int peer, const Frame& frame, void* data, size_t bytes,
