@@ -1,7 +1,8 @@
-"""collx beside gloo across h emulated hosts: all_reduce, all_gather and
-reduce_scatter, with each host's NIC shaped by tc (tests/netns.py).
+"""collx beside gloo across h emulated hosts: all_reduce, all_gather,
+reduce_scatter and broadcast, with each host's NIC shaped by tc
+(tests/netns.py).
 
-The standard grid (issue 69), one job per line, all three ops:
+The standard grid (issue 69), one job per line, all four ops:
 
     sudo .venv/bin/python benchmarks/hosts.py --grid
 
@@ -15,7 +16,7 @@ One job:
 
     sudo .venv/bin/python benchmarks/hosts.py --hosts 2 --ranks-per-host 2 --rate 1gbit \\
         [--flow-cap 500mbit] [--sockets-per-peer 4] [--sizes 4,64K,1M,16M,64M] [--algos auto,ring,tree,hier] \\
-        [--ops all_reduce,all_gather,reduce_scatter] [--rounds 3] [--delay 50us --loss 0.1%]
+        [--ops all_reduce,all_gather,reduce_scatter,broadcast] [--rounds 3] [--delay 50us --loss 0.1%]
 
 Each job makes h namespaces on one bridge, shapes every NIC both ways, and
 starts one torchrun per host (node rank = host index, rendezvous on host 0)
@@ -26,10 +27,11 @@ for uneven hosts (e.g. 3,2).
 
 Printed per op and size, for each candidate: what ran (collx's stats
 label), the median over rounds of the slowest rank's time per op,
-busbw = algbw x 2(n-1)/n (all_reduce) or (n-1)/n (the others), the NIC
-efficiency E = bound / time, where bound = 2(h-1)/h x S / B for all_reduce
-and (h-1)/h x S / B for all_gather and reduce_scatter (S the size, B the
-shaped NIC rate in bytes/s: what each host's NIC must carry each way; from
+busbw = algbw x 2(n-1)/n (all_reduce), 1 (broadcast) or (n-1)/n (the
+others), the NIC efficiency E = bound / time, where bound = 2(h-1)/h x S / B
+for all_reduce, (h-1)/h x S / B for all_gather and reduce_scatter and S / B
+for broadcast (S the size, B the shaped NIC rate in bytes/s: what the
+busiest NIC must carry one way; from
 64 KiB only), and time / gloo's; then a summary, one line per job, op and
 size. tc counts whole frames and the ops move payload, so E cannot pass
 about 0.956 (1448 payload bytes per 1514-byte frame).
@@ -60,7 +62,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from netns import Hosts, NamespacesUnavailable, rate_bits  # noqa: E402
 
 WORKER = os.path.join(HERE, "hosts_worker.py")
-ALL_OPS = "all_reduce,all_gather,reduce_scatter"
+ALL_OPS = "all_reduce,all_gather,reduce_scatter,broadcast"
 BIG = "1M,16M,64M"
 SMALL = "4,64,1K,16K,64K,1M,16M"
 E_MIN_BYTES = 64 << 10
@@ -163,8 +165,10 @@ def fmt_time(s: float) -> str:
 def derived(op: str, nbytes: int, seconds: float, n: int, h: int, nic_bytes_per_s: float | None) -> dict:
     """busbw (GB/s), and the bound and E: None without a shaped NIC, with one
     host, or below E_MIN_BYTES, where latency, not the NIC, sets the time."""
-    factor = 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
-    host_share = (2 if op == "all_reduce" else 1) * (h - 1) / h
+    factor = 2 * (n - 1) / n if op == "all_reduce" else 1 if op == "broadcast" else (n - 1) / n
+    # What the busiest NIC must carry one way: a broadcast's every other host
+    # receives the whole buffer.
+    host_share = 1 if op == "broadcast" else (2 if op == "all_reduce" else 1) * (h - 1) / h
     shaped = nic_bytes_per_s and h > 1 and nbytes >= E_MIN_BYTES
     bound = host_share * nbytes / nic_bytes_per_s if shaped else None
     return {"busbw": nbytes / seconds * factor / 1e9, "bound": bound, "E": bound / seconds if bound else None}

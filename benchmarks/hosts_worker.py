@@ -17,11 +17,12 @@ For each op and size, in the same processes:
    over ranks); the driver reports the median over rounds.
 
 Candidates: all_reduce: gloo and collx with each of --algos ("auto" first);
-all_gather and reduce_scatter (all_gather_into_tensor, reduce_scatter_tensor,
-what FSDP calls): gloo and collx auto (the algorithm option is the
-all-reduce's). Sizes are the larger buffer in bytes (nccl-tests'
-convention): the all-reduce's buffer, the all-gather's output, the
-reduce-scatter's input, float32, rounded up to n equal blocks.
+all_gather, reduce_scatter (all_gather_into_tensor, reduce_scatter_tensor,
+what FSDP calls) and broadcast (from rank 0): gloo and collx auto (the
+algorithm option is the all-reduce's). Sizes are the larger buffer in bytes
+(nccl-tests' convention): the all-reduce's and the broadcast's buffer, the
+all-gather's output, the reduce-scatter's input, float32, rounded up to n
+equal blocks.
 
 Rank 0 writes the results to --json; every rank leaves with os._exit, so a
 peer's late teardown never holds up the job. Times use time.monotonic().
@@ -42,7 +43,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import agreed_max, interleaved_turns, parse_size, stats_gained  # noqa: E402
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 MAX_K = 200
 
 
@@ -56,7 +57,7 @@ class Point:
 
     def __init__(self, op: str, nbytes: int, rank: int, n: int):
         self.op, self.rank, self.n = op, rank, n
-        if op == "all_reduce":
+        if op in ("all_reduce", "broadcast"):
             self.block = self.count = max(1, nbytes // 4)
             self.inp = self.out = torch.empty(self.count)
         else:
@@ -69,6 +70,8 @@ class Point:
     def run(self, group):
         if self.op == "all_reduce":
             dist.all_reduce(self.out, group=group)
+        elif self.op == "broadcast":
+            dist.broadcast(self.out, group_src=0, group=group)
         elif self.op == "all_gather":
             dist.all_gather_into_tensor(self.out, self.inp, group=group)
         else:
@@ -76,6 +79,8 @@ class Point:
 
     def expected(self) -> torch.Tensor:
         n, r = self.n, self.rank
+        if self.op == "broadcast":
+            return data(0, self.count)
         if self.op == "all_gather":
             return torch.cat([data(q, self.block) for q in range(n)])
         want = torch.zeros(self.count)

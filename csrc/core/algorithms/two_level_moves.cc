@@ -17,12 +17,15 @@
 // rank of the smaller host handles more blocks. Each host's link carries
 // (h-1)/h of the gathered bytes each way, the bound, in p streams at once.
 //
-// Pipeline: blocks move in segments, and a rank takes its units, one per
-// (segment, handled block), in segment-major order, so every host's blocks
-// move at once. A unit goes on as soon as it is complete: forwarded when it
-// arrives (all-gather), folded when every contribution arrived, in a fixed
-// order, so results do not depend on timing (reduce-scatter). Each link's
-// messages are posted in one order on both sides, which keeps FIFO matching.
+// Pipeline: blocks move in segments, a unit being one segment of a handled
+// block. A unit goes on as soon as it is complete: forwarded when it arrives
+// (all-gather), folded when every contribution arrived, in a fixed order, so
+// results do not depend on timing (reduce-scatter). The all-gather sends
+// across hosts in stages, stage t to the host t after this one, and takes
+// its units in the order they arrive: by stage, then segment. The
+// reduce-scatter takes them by segment, so every host's blocks move at once.
+// Each link's messages are posted in one order on both sides, which keeps
+// FIFO matching.
 #include <algorithm>
 
 #include "../copy.h"
@@ -39,7 +42,7 @@ constexpr size_t kSegmentBytes = 256 << 10;
 constexpr size_t kMaxSegments = 64;
 constexpr uint32_t kLocalTag = 1u << 30;  // frames of the host step; others cross hosts
 // What a completed op was, above bit 48 of its cookie; its unit below.
-enum : uint64_t { kSent = 0, kFromHost = 1, kFromNet = 2 };
+enum : uint64_t { kSent = 0, kFromHost = 1, kFromNet = 2, kToNet = 3 };
 
 struct Routes {
   HostLayout layout;
@@ -82,12 +85,12 @@ struct Segments {
   size_t maxBytes() const { return ((count + m - 1) / m) * es; }
 };
 
-// Unit u of a rank handling `handled`: segment u / |handled| of block
-// handled[u % |handled|].
 struct Unit {
   int block;
   size_t seg;
 };
+// The reduce-scatter's unit u of a rank handling `handled`: segment
+// u / |handled| of block handled[u % |handled|].
 Unit unitOf(const std::vector<int>& handled, size_t u) {
   return {handled[u % handled.size()], u / handled.size()};
 }
@@ -111,67 +114,88 @@ void twoLevelAllgather(const Collective& c, const void* in, const std::vector<vo
   const size_t blockBytes = blockCount * segs.es;
   if (blockBytes == 0) return;
   const Routes routes(c.transport);
+  const int hosts = int(routes.layout.ranks.size()), here = routes.layout.mine;
   const void* const source = allgatherSource(in, blocks, rank, blockBytes);
   auto at = [&](int g, size_t s) {
     return (g == rank ? static_cast<char*>(const_cast<void*>(source)) : static_cast<char*>(blocks[size_t(g)])) +
            segs.offset(s);
   };
-  const std::vector<int>& mine = routes.handled;
-  const size_t units = mine.size() * segs.m;
-  std::vector<bool> arrived(units);
+  // Stage t: every host sends to the host t after it, so each link carries
+  // one host's blocks at a time rather than h - 1 hosts' at once (an incast
+  // that cost 4 hosts 1.6x). A rank takes its units by stage, then segment.
+  auto stageOf = [&](int g) { return (here - routes.hostOf[size_t(g)] + hosts) % hosts; };
+  auto unitsOf = [&](const std::vector<int>& handled) {
+    std::vector<Unit> units;
+    for (int t = 0; t < hosts; ++t) {
+      for (size_t seg = 0; seg < segs.m; ++seg) {
+        for (int g : handled) {
+          if (stageOf(g) == t) units.push_back({g, seg});
+        }
+      }
+    }
+    return units;
+  };
+  const std::vector<Unit> mine = unitsOf(routes.handled);
+  std::vector<bool> arrived(mine.size());
   size_t posted = 0, completed = 0;
 
-  // Across hosts: this rank's block to its handler on every other host, and
-  // the blocks it handles from their owners.
-  for (size_t u = 0; u < units; ++u) {
-    const Unit x = unitOf(mine, u);
-    if (x.block == rank) {
-      arrived[u] = true;
-      for (int h = 0; h < int(routes.layout.ranks.size()); ++h) {
-        if (h == routes.layout.mine) continue;
-        c.transport.postSend(routes.handler(rank, h), c.frame(tagOf(rank, x.seg, segs, false)), at(rank, x.seg),
-                             segs.bytes(x.seg), cookie(kSent, u));
-        ++posted;
-      }
-    } else {
-      c.transport.postRecv(x.block, c.frame(tagOf(x.block, x.seg, segs, false)), at(x.block, x.seg),
-                           segs.bytes(x.seg), cookie(kFromNet, u));
-      ++posted;
-    }
+  // Across hosts: the blocks this rank handles, from their owners; and its
+  // own block to its handler on every other host, a stage at a time.
+  for (size_t u = 0; u < mine.size(); ++u) {
+    const Unit x = mine[u];
+    arrived[u] = x.block == rank;
+    if (x.block == rank) continue;
+    c.transport.postRecv(x.block, c.frame(tagOf(x.block, x.seg, segs, false)), at(x.block, x.seg),
+                         segs.bytes(x.seg), cookie(kFromNet, u));
+    ++posted;
   }
+  int stage = 0;
+  size_t stageLeft = 0;  // the current stage's sends not yet done
+  auto sendStage = [&] {
+    for (; stageLeft == 0 && stage + 1 < hosts; ++stage) {
+      const int to = routes.handler(rank, (here + stage + 1) % hosts);
+      for (size_t seg = 0; seg < segs.m; ++seg) {
+        c.transport.postSend(to, c.frame(tagOf(rank, seg, segs, false)), at(rank, seg), segs.bytes(seg),
+                             cookie(kToNet, 0));
+        ++posted;
+        ++stageLeft;
+      }
+    }
+  };
+  sendStage();
   // On this host: what every other rank handles, in its unit order.
   for (int peer : routes.local) {
     if (peer == rank) continue;
-    const std::vector<int> theirs = routes.handledBy(peer);
-    for (size_t u = 0; u < theirs.size() * segs.m; ++u) {
-      const Unit x = unitOf(theirs, u);
+    for (const Unit& x : unitsOf(routes.handledBy(peer))) {
       c.transport.postRecv(peer, c.frame(tagOf(x.block, x.seg, segs, true)), at(x.block, x.seg), segs.bytes(x.seg),
-                           cookie(kFromHost, u));
+                           cookie(kFromHost, 0));
       ++posted;
     }
   }
   // Forwards the units that arrived, in unit order.
   size_t forwarded = 0;
   auto forward = [&] {
-    for (; forwarded < units && arrived[forwarded]; ++forwarded) {
-      const Unit x = unitOf(mine, forwarded);
+    for (; forwarded < mine.size() && arrived[forwarded]; ++forwarded) {
+      const Unit x = mine[forwarded];
       for (int peer : routes.local) {
         if (peer == rank) continue;
         c.transport.postSend(peer, c.frame(tagOf(x.block, x.seg, segs, true)), at(x.block, x.seg),
-                             segs.bytes(x.seg), cookie(kSent, forwarded));
+                             segs.bytes(x.seg), cookie(kSent, 0));
         ++posted;
       }
     }
   };
   forward();
   std::vector<uint64_t> done;
-  while (completed < posted || forwarded < units) {
+  while (completed < posted || forwarded < mine.size() || stage + 1 < hosts) {
     done.clear();
     c.transport.waitSome(done, c.deadline);
     for (uint64_t k : done) {
       ++completed;
       if (k >> 48 == kFromNet) arrived[k & ((uint64_t(1) << 48) - 1)] = true;
+      if (k >> 48 == kToNet) --stageLeft;
     }
+    sendStage();
     forward();
   }
   if (blocks[size_t(rank)] != source) moveBytes(blocks[size_t(rank)], source, blockBytes);
