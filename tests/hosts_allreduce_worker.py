@@ -80,6 +80,14 @@ def check_moves(rank, n, block, collx, failures):
             dist.reduce_scatter(listed, list(full.chunk(n)), OPS[op], group=collx)
             if not torch.equal(got, want) or not torch.equal(listed, want):
                 failures.append(f"rank {rank} {dtype} reduce_scatter {op}: differs from gloo's all-reduce")
+        if dtype.is_floating_point:  # AVG, which gloo lacks: the exact SUM over n
+            full = data(rank, n * block, dtype, "sum")
+            total = data(rank, n * block, torch.float64, "sum")
+            dist.all_reduce(total)
+            got = torch.empty(block, dtype=dtype)
+            dist.reduce_scatter_tensor(got, full, R.AVG, group=collx)
+            if not torch.allclose(got.double(), total[rank * block:(rank + 1) * block] / n, rtol=1e-2, atol=1e-2):
+                failures.append(f"rank {rank} {dtype} reduce_scatter avg: not the sum over {n}")
     labels = torchcollx.stats.get_stats(collx)["algorithms"]
     for label in ("all_gather/hier", "reduce_scatter/hier"):
         if label not in labels:
