@@ -226,16 +226,25 @@ void twoLevelReduceScatter(const Collective& c, const std::vector<const void*>& 
     }
     return from;
   };
-  const size_t maxSources = sourcesOf(rank).size();
-  // Receives run up to `window` units ahead of the folds, into slots.
-  const size_t window = 2 * mine.size();
-  const size_t slotsBytes = window * maxSources * segs.maxBytes();
+  // Receives run up to two rows of units (a segment of every handled block)
+  // ahead of the folds, into slots: a row holds each unit's contributions.
+  std::vector<size_t> firstSlot(mine.size() + 1, 0);
+  for (size_t i = 0; i < mine.size(); ++i) firstSlot[i + 1] = firstSlot[i] + sourcesOf(mine[i]).size();
+  const size_t rows = std::min<size_t>(2, segs.m), window = rows * mine.size();
+  const size_t slotsBytes = rows * firstSlot.back() * segs.maxBytes();
   // The sums: this rank's own in `out` (unless it overlaps an input block
-  // the op still reads), the others' in the workspace after the slots.
+  // the op still reads, other than as that block itself), the others' in
+  // the workspace after the slots.
   bool ownInOut = true;
-  for (int g = 0; g < c.size(); ++g) ownInOut = ownInOut && (g == rank || !overlaps(out, blocks[size_t(g)], blockBytes));
+  for (int g = 0; g < c.size(); ++g) {
+    const bool self = g == rank && out == blocks[size_t(g)];
+    ownInOut = ownInOut && (self || !overlaps(out, blocks[size_t(g)], blockBytes));
+  }
   char* const scratch = c.workspace.get(slotsBytes + mine.size() * blockBytes);
-  auto slot = [&](size_t u, size_t j) { return scratch + ((u % window) * maxSources + j) * segs.maxBytes(); };
+  auto slot = [&](size_t u, size_t j) {
+    const size_t row = (u / mine.size()) % rows;
+    return scratch + (row * firstSlot.back() + firstSlot[u % mine.size()] + j) * segs.maxBytes();
+  };
   auto sum = [&](size_t index, size_t s) {  // of mine[index]
     char* acc = mine[index] == rank && ownInOut ? static_cast<char*>(out) : scratch + slotsBytes + index * blockBytes;
     return acc + segs.offset(s);

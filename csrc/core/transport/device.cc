@@ -255,17 +255,20 @@ void Device::postRecv(int peer, const Frame& frame, void* data, size_t bytes, ui
 // and dtype, the peer's host), and post its pieces to the lanes in the
 // order of their messages, so each lane's FIFO matches as lane 0's does.
 void Device::post(int peer, const Frame& frame, char* data, size_t bytes, uint64_t cookie, bool send) {
-  const bool across = lanes_ > 1 && hosts_[size_t(peer)] != hosts_[size_t(rank_)];
-  const int pieces = across ? int(std::min<size_t>(size_t(lanes_), bytes / kMinPieceBytes)) : 1;
-  if (pieces <= 1) {
-    send ? pair(peer).postSend(frame, data, bytes, cookie) : pair(peer).postRecv(frame, data, bytes, cookie);
+  Pair& first = pair(peer);  // checks the peer
+  COLLX_CHECK(!(cookie & kStriped), "collx: a cookie with the top bit set: ", cookie);
+  if (lanes_ == 1 || hosts_[size_t(peer)] == hosts_[size_t(rank_)]) {
+    send ? first.postSend(frame, data, bytes, cookie) : first.postRecv(frame, data, bytes, cookie);
     noteLinked(frame);
     ++pending_;
     return;
   }
-  COLLX_CHECK(!(cookie & kStriped), "collx: a cookie with the top bit set: ", cookie);
+  const int pieces = int(std::clamp<size_t>(bytes / kMinPieceBytes, 1, size_t(lanes_)));
   const uint64_t id = kStriped | nextStripe_++;
-  stripes_[id] = {cookie, pieces};
+  const size_t queue = size_t(peer) * 2 + send;
+  if (order_.empty()) order_.resize(size_t(size_) * 2);
+  stripes_[id] = {cookie, pieces, queue};
+  order_[queue].push_back(id);
   const size_t es = std::max<size_t>(1, elementSize(frame.dtype)), elems = bytes / es;
   for (int i = 0; i < pieces; ++i) {
     const size_t b = elems * size_t(i) / size_t(pieces) * es;
@@ -278,18 +281,23 @@ void Device::post(int peer, const Frame& frame, char* data, size_t bytes, uint64
 }
 
 void Device::joinStripes(std::vector<uint64_t>& done, size_t from) {
-  size_t kept = from;
+  std::vector<uint64_t> finished;
   for (size_t i = from; i < done.size(); ++i) {
     if (!(done[i] & kStriped)) {
-      done[kept++] = done[i];
+      finished.push_back(done[i]);
       continue;
     }
     auto it = stripes_.find(done[i]);
-    if (--it->second.second > 0) continue;
-    done[kept++] = it->second.first;
-    stripes_.erase(it);
+    if (--it->second.left > 0) continue;
+    for (std::deque<uint64_t>& q = order_[it->second.queue]; !q.empty(); q.pop_front()) {
+      auto front = stripes_.find(q.front());
+      if (front->second.left > 0) break;
+      finished.push_back(front->second.cookie);
+      stripes_.erase(front);
+    }
   }
-  done.resize(kept);
+  done.resize(from);
+  done.insert(done.end(), finished.begin(), finished.end());
 }
 
 void Device::noteLinked(const Frame& frame) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -141,8 +142,9 @@ class Device : public Transport {
   void post(int peer, const Frame& frame, char* data, size_t bytes, uint64_t cookie, bool send);
   // Connects a lazy pair that has ops queued (breaks the group on failure).
   void connect(Pair& p, Channel channel, Deadline deadline);
-  // Replaces the completed pieces of striped messages in done[from...] by
-  // their messages' cookies, once all of a message's pieces are done.
+  // Replaces the completed pieces in done[from...] by their messages'
+  // cookies, once all of a message's pieces and all earlier messages of its
+  // peer and direction are done.
   void joinStripes(std::vector<uint64_t>& done, size_t from);
   void progressOnce(std::vector<uint64_t>& done, Deadline deadline);
   // Reads what a peer this rank does not receive from has sent: its abort
@@ -165,10 +167,19 @@ class Device : public Transport {
   int lanes_ = 1;
   // Indexed by lane * size + peer; null for self and pairs never posted to.
   std::vector<std::unique_ptr<Pair>> pairs_;
-  // The striped messages in flight: a piece's cookie (kStriped | id) to the
-  // message's cookie and its pieces not yet done.
+  // The messages in flight to and from peers with lanes: a piece's cookie
+  // (kStriped | id) to its message. A message completes when all its pieces
+  // have, and a peer's messages complete in post order, as on one
+  // connection: `order_` holds each peer's ids per direction (peer * 2 +
+  // send), and a message is reported once those before it were.
+  struct Striped {
+    uint64_t cookie;
+    int left;  // pieces not yet done
+    size_t queue;
+  };
   static constexpr uint64_t kStriped = uint64_t(1) << 63;
-  std::unordered_map<uint64_t, std::pair<uint64_t, int>> stripes_;
+  std::unordered_map<uint64_t, Striped> stripes_;
+  std::vector<std::deque<uint64_t>> order_;
   uint64_t nextStripe_ = 0;
   std::shared_ptr<P2PEngine> p2p_;
   std::vector<int> hosts_;                    // host index per rank (rendezvous.h)

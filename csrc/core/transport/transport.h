@@ -125,7 +125,8 @@ class Transport {
   // broken: queued ops are dropped and every later call throws the same error.
   virtual void waitSome(std::vector<uint64_t>& done, Deadline deadline) = 0;
 
-  // Number of posted ops not yet returned by waitSome.
+  // Above zero while a posted op has not been returned by waitSome (a
+  // count of the transport's own units: a striped message counts pieces).
   virtual size_t pending() const = 0;
 
   virtual TransportCounters counters() const = 0;
