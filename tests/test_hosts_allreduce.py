@@ -48,14 +48,13 @@ def _env():
     return env
 
 
-@pytest.mark.parametrize("ranks", [[2, 2], [3, 2], [2, 1, 2]], ids=["2+2", "3+2", "2+1+2"])
-def test_two_level_allreduce_matches_gloo(ranks):
+def run_checks(ranks, env, port):
+    """One torchrun per host running the worker's checks; asserts rank 0's "ok"."""
     tmp = tempfile.mkdtemp(prefix="collx_hosts_allreduce_")
     try:
         with Hosts(len(ranks)) as hosts:
-            env = _env()
             result = os.path.join(tmp, "result")
-            procs = hosts.torchrun(WORKER, ["--count", str(COUNT), "--result", result], env, port=29671,
+            procs = hosts.torchrun(WORKER, ["--count", str(COUNT), "--result", result], env, port=port,
                                    nproc=ranks, log_dir=tmp)
             deadline = time.monotonic() + JOB_LIMIT
             while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -70,6 +69,11 @@ def test_two_level_allreduce_matches_gloo(ranks):
         pytest.skip(f"cannot create network namespaces: {e}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("ranks", [[2, 2], [3, 2], [2, 1, 2]], ids=["2+2", "3+2", "2+1+2"])
+def test_two_level_allreduce_matches_gloo(ranks):
+    run_checks(ranks, _env(), port=29671)
 
 
 GROUP_TIMEOUT = 20  # seconds: how long a rank waits on a silent peer

@@ -29,7 +29,7 @@ import pytest
 torchcollx = pytest.importorskip("torchcollx")
 
 from netns import Hosts, NamespacesUnavailable  # noqa: E402
-from test_hosts_allreduce import COUNT, JOB_LIMIT, WORKER, _env, _wait_files  # noqa: E402
+from test_hosts_allreduce import JOB_LIMIT, WORKER, _env, _wait_files, run_checks  # noqa: E402
 
 LANES = 4
 GROUP_TIMEOUT = 30
@@ -43,24 +43,7 @@ def _lanes_env():
 
 @pytest.mark.parametrize("ranks", [[2, 2], [3, 2]], ids=["2+2", "3+2"])
 def test_striped_values_match_gloo(ranks):
-    tmp = tempfile.mkdtemp(prefix="collx_striped_")
-    try:
-        with Hosts(len(ranks)) as hosts:
-            result = os.path.join(tmp, "result")
-            procs = hosts.torchrun(WORKER, ["--count", str(COUNT), "--result", result], _lanes_env(), port=29675,
-                                   nproc=ranks, log_dir=tmp)
-            deadline = time.monotonic() + JOB_LIMIT
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                time.sleep(0.2)
-            assert all(p.poll() is not None for p in procs), f"still running after {JOB_LIMIT} s\n{hosts.logs(tmp)}"
-            assert os.path.exists(result), f"rank 0 wrote no result\n{hosts.logs(tmp)}"
-            with open(result) as f:
-                text = f.read()
-            assert text == "ok", f"{text}\n{hosts.logs(tmp)}"
-    except NamespacesUnavailable as e:
-        pytest.skip(f"cannot create network namespaces: {e}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    run_checks(ranks, _lanes_env(), port=29675)
 
 
 def _connections(hosts, port):

@@ -212,24 +212,21 @@ void twoLevelReduceScatter(const Collective& c, const std::vector<const void*>& 
   const size_t units = mine.size() * segs.m;
   const int hosts = int(routes.layout.ranks.size());
   auto input = [&](int g, size_t s) { return static_cast<const char*>(blocks[size_t(g)]) + segs.offset(s); };
-  // A unit's contributions, in the order they are folded: this host's other
-  // ranks, then (for this rank's own block) the other hosts' sums.
-  auto sourcesOf = [&](int block) {
-    std::vector<int> from;
+  // Each handled block's contributions, in the order they are folded: this
+  // host's other ranks, then (for this rank's own block) the other hosts' sums.
+  std::vector<std::vector<int>> sources(mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
     for (int peer : routes.local) {
-      if (peer != rank) from.push_back(peer);
+      if (peer != rank) sources[i].push_back(peer);
     }
-    if (block == rank) {
-      for (int h = 0; h < hosts; ++h) {
-        if (h != routes.layout.mine) from.push_back(routes.handler(rank, h));
-      }
+    for (int h = 0; h < hosts && mine[i] == rank; ++h) {
+      if (h != routes.layout.mine) sources[i].push_back(routes.handler(rank, h));
     }
-    return from;
-  };
+  }
   // Receives run up to two rows of units (a segment of every handled block)
   // ahead of the folds, into slots: a row holds each unit's contributions.
   std::vector<size_t> firstSlot(mine.size() + 1, 0);
-  for (size_t i = 0; i < mine.size(); ++i) firstSlot[i + 1] = firstSlot[i] + sourcesOf(mine[i]).size();
+  for (size_t i = 0; i < mine.size(); ++i) firstSlot[i + 1] = firstSlot[i] + sources[i].size();
   const size_t rows = std::min<size_t>(2, segs.m), window = rows * mine.size();
   const size_t slotsBytes = rows * firstSlot.back() * segs.maxBytes();
   // The sums: this rank's own in `out` (unless it overlaps an input block
@@ -277,7 +274,7 @@ void twoLevelReduceScatter(const Collective& c, const std::vector<const void*>& 
   };
   auto fold = [&](size_t u) {
     const Unit x = unitOf(mine, u);
-    const std::vector<int> from = sourcesOf(x.block);
+    const std::vector<int>& from = sources[u % mine.size()];
     if (arrivedOf[u] < from.size() || folded[u]) return;
     char* const dst = sum(u % mine.size(), x.seg);
     if (dst != input(x.block, x.seg)) moveBytes(dst, input(x.block, x.seg), segs.bytes(x.seg));
@@ -290,7 +287,7 @@ void twoLevelReduceScatter(const Collective& c, const std::vector<const void*>& 
     for (; nextRecv < units && (nextRecv < window || folded[nextRecv - window]); ++nextRecv) {
       const size_t u = nextRecv;
       const Unit x = unitOf(mine, u);
-      const std::vector<int> from = sourcesOf(x.block);
+      const std::vector<int>& from = sources[u % mine.size()];
       for (size_t j = 0; j < from.size(); ++j) {
         const bool local = routes.hostOf[size_t(from[j])] == routes.layout.mine;
         c.transport.postRecv(from[j], c.frame(tagOf(x.block, x.seg, segs, local)), slot(u, j), segs.bytes(x.seg),
